@@ -1,0 +1,87 @@
+"""AReaL's decoupled PPO objective for asynchronous, possibly stale rollouts (ALGORITHMS.md §4.8)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posttrain.algos.masked import aggregate_loss, masked_mean
+from posttrain.algos.policy_losses import Metrics, _ratio, clipped_surrogate
+from posttrain.algos.registry import register_policy_loss
+
+BEHAVIOUR_WEIGHT_MODES = ("mask", "clamp", "none")
+
+
+@register_policy_loss("decoupled_ppo")
+def decoupled_ppo(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    proximal_logprobs: Tensor | None = None,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    clip_c: float | None = None,
+    behaviour_weight: str = "mask",
+    weight_cap: float | None = 5.0,
+    weight_floor: float | None = None,
+    log_ratio_clamp: float | None = 20.0,
+    agg_mode: str = "token-mean",
+    num_tokens: float | Tensor | None = None,
+    num_seqs: float | Tensor | None = None,
+    norm_constant: float | None = None,
+) -> tuple[Tensor, Metrics]:
+    """Decoupled PPO: a trust region around π_prox, corrected for the stale behaviour policy.
+
+        u_t = exp(ℓ − ℓ_prox)                    (trust region around π_prox)
+        w_t = sg(exp(ℓ_prox − ℓ_behav))          (off-policy correction)
+        L_t = w_t·max(−A_t·u_t, −A_t·clip(u_t, 1 − ε_low, 1 + ε_high))   (+ dual clip)
+        loss = Σ_kept L_t / N_valid              (N_valid counts the ORIGINAL mask)
+
+    ``old_logprobs`` are ℓ_behav (recorded by the inference engine when the tokens were
+    sampled); ``proximal_logprobs`` are ℓ_prox (the policy at the start of this training
+    step). ``behaviour_weight``: ``"mask"`` drops tokens whose w lies outside
+    [weight_floor, weight_cap] from the numerator only (older AReaL default: cap 5);
+    ``"clamp"`` clips w into that range; ``"none"`` applies no weight at all — what current
+    AReaL does when no rejection-sampling block is configured (ALGORITHMS.md §10, surprises).
+    On-policy data (ℓ_prox = ℓ_behav) reduce this to PPO.
+    Source: Fu et al., "AReaL: A Large-Scale Asynchronous Reinforcement Learning System for
+    Language Reasoning", 2025, eq. 5.
+    """
+    if proximal_logprobs is None:
+        raise ValueError("policy loss 'decoupled_ppo' needs proximal_logprobs (ℓ of π_prox)")
+    if behaviour_weight not in BEHAVIOUR_WEIGHT_MODES:
+        raise ValueError(
+            f"unknown behaviour_weight {behaviour_weight!r}; valid: {', '.join(BEHAVIOUR_WEIGHT_MODES)}"
+        )
+    clip_high = clip_low if clip_high is None else clip_high
+    trust_ratio = _ratio(logprobs, proximal_logprobs, log_ratio_clamp)
+    per_token, clipped, dual_clipped = clipped_surrogate(trust_ratio, advantages, clip_low, clip_high, clip_c)
+
+    weight = _ratio(proximal_logprobs, old_logprobs, log_ratio_clamp).detach()
+    kept = torch.ones_like(response_mask, dtype=torch.bool)
+    if behaviour_weight == "none":
+        weight = torch.ones_like(weight)
+    elif behaviour_weight == "clamp":
+        weight = weight.clamp(min=0.0 if weight_floor is None else weight_floor, max=weight_cap)
+    else:
+        if weight_cap is not None:
+            kept &= weight <= weight_cap
+        if weight_floor is not None:
+            kept &= weight >= weight_floor
+    # masked-out tokens contribute 0 to the sum but still count in the denominator
+    per_token = torch.where(kept, per_token * weight, torch.zeros_like(per_token))
+    loss = aggregate_loss(
+        per_token, response_mask, agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant
+    )
+    with torch.no_grad():
+        metrics = {
+            "clip_fraction": masked_mean(clipped.to(logprobs.dtype), response_mask),
+            "dual_clip_fraction": masked_mean(dual_clipped.to(logprobs.dtype), response_mask),
+            "approx_kl": masked_mean(proximal_logprobs - logprobs.detach(), response_mask),
+            "behaviour_kl": masked_mean(old_logprobs - proximal_logprobs, response_mask),
+            "behaviour_masked_fraction": masked_mean((~kept).to(logprobs.dtype), response_mask),
+            "behaviour_weight_mean": masked_mean(weight, response_mask),
+        }
+    return loss, metrics

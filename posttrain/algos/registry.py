@@ -1,0 +1,103 @@
+"""Name → function registries for the pieces an algorithm is made of.
+
+An RL algorithm in posttrain is a choice of one entry per registry (DESIGN.md, "One idea"),
+so the loop looks functions up by name and never branches on an algorithm's name. Two rules
+keep that safe: a name can be registered once (a silent overwrite would change what a
+preset means), and an unknown name fails with the list of valid ones.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class UnknownNameError(KeyError):
+    """A registry lookup with a name that is not registered."""
+
+    def __str__(self) -> str:  # KeyError would print the message inside quotes
+        return str(self.args[0])
+
+
+class Registry(dict[str, Callable[..., Any]]):
+    """A dict of named functions that refuses duplicates and explains unknown names.
+
+    `standard_inputs` are the keyword tensors the loop passes to *every* entry (for
+    advantage estimators: token_rewards, response_mask, group_ids, ...). An entry declares
+    only the ones it uses; the registered wrapper drops the others, so the loop can pass the
+    full set uniformly while a misspelt *option* still raises ``TypeError``.
+    """
+
+    def __init__(self, kind: str, standard_inputs: Iterable[str] = ()) -> None:
+        super().__init__()
+        self.kind = kind
+        self.standard_inputs = frozenset(standard_inputs)
+
+    def register(self, name: str) -> Callable[[F], F]:
+        def decorator(fn: F) -> F:
+            if name in self:
+                raise ValueError(
+                    f"{self.kind} {name!r} is already registered (by {self[name].__module__}."
+                    f"{self[name].__qualname__}); pick another name"
+                )
+            dict.__setitem__(self, name, _drop_unused_inputs(fn, self.standard_inputs))
+            return fn
+
+        return decorator
+
+    def __getitem__(self, name: str) -> Callable[..., Any]:
+        try:
+            return dict.__getitem__(self, name)
+        except KeyError:
+            raise UnknownNameError(self.unknown_message(name)) from None
+
+    def __setitem__(self, name: str, fn: Callable[..., Any]) -> None:
+        self.register(name)(fn)
+
+    def unknown_message(self, name: str) -> str:
+        valid = ", ".join(sorted(self))
+        close = difflib.get_close_matches(str(name), list(self), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        return f"unknown {self.kind} {name!r}; valid names: {valid}.{hint}"
+
+
+def _drop_unused_inputs(fn: F, standard_inputs: frozenset[str]) -> F:
+    params = inspect.signature(fn).parameters
+    if not standard_inputs or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return fn
+    unused = standard_inputs - set(params)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        for key in unused & kwargs.keys():
+            del kwargs[key]
+        return fn(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+ADVANTAGE_ESTIMATORS = Registry(
+    "advantage estimator",
+    standard_inputs=(
+        "token_rewards", "response_mask", "group_ids", "values", "baseline_scores", "reward_components",
+    ),
+)
+"""Advantage estimators: ``fn(token_rewards, response_mask, ..., **options) -> (advantages, returns)``."""
+
+POLICY_LOSSES = Registry(
+    "policy loss",
+    standard_inputs=("logprobs", "old_logprobs", "advantages", "response_mask", "proximal_logprobs"),
+)
+"""Per-token policy losses: ``fn(logprobs, old_logprobs, advantages, response_mask, **options) -> (loss, metrics)``."""
+
+PREFERENCE_LOSSES = Registry("preference loss type")
+"""DPO-family losses on the reference-corrected log-ratio margin (see ``preference.py``)."""
+
+register_advantage = ADVANTAGE_ESTIMATORS.register
+register_policy_loss = POLICY_LOSSES.register
+register_preference_loss = PREFERENCE_LOSSES.register
