@@ -1,6 +1,6 @@
 """Group-relative (critic-free) advantage estimators (ALGORITHMS.md §2.2–2.4, 2.6, 2.8, 2.9).
 
-All of these read one scalar reward per response, ``r_i = Σ_t token_rewards[i, t]``,
+All of these read one scalar reward per response, ``r_i = Σ_t m·token_rewards[i, t]``,
 compare it with the other samples of the same prompt (``group_ids``) and broadcast the
 result to every valid token. Returns equal the advantages (there is no value target).
 Shapes: ``token_rewards, response_mask [B, T]``; ``group_ids [B]``; outputs ``[B, T]``.
@@ -54,7 +54,7 @@ def grpo(
     Source: Shao et al., "DeepSeekMath", 2024, §4.1.2 (outcome supervision).
     """
     _require("grpo", group_ids=group_ids)
-    scores = sequence_scores(token_rewards)
+    scores = sequence_scores(token_rewards, response_mask)
     if std_scope == "group":
         adv = group_normalise(scores, group_ids, scale_by_std=norm_by_std, eps=eps, singleton=singleton)
     elif std_scope == "batch":
@@ -84,7 +84,7 @@ def dr_grpo(
     Source: Liu et al., "Understanding R1-Zero-Like Training: A Critical Perspective", 2025, §3.2.
     """
     _require("dr_grpo", group_ids=group_ids)
-    scores = sequence_scores(token_rewards)
+    scores = sequence_scores(token_rewards, response_mask)
     adv = group_normalise(scores, group_ids, scale_by_std=False, eps=0.0, singleton=singleton)
     adv = broadcast_to_tokens(adv, response_mask)
     return adv, adv
@@ -107,10 +107,10 @@ def rloo(
     """
     _require("rloo", group_ids=group_ids)
     check_singleton_mode(singleton)
-    scores = sequence_scores(token_rewards)
+    scores = sequence_scores(token_rewards, response_mask)
     stats = group_stats(scores, group_ids)
     k = stats.size
-    leave_one_out = k / (k - 1).clamp(min=1) * (scores - stats.mean)
+    leave_one_out = k / (k - 1).clamp(min=1) * stats.centred
     lone = scores if singleton == "raw" else torch.zeros_like(scores)
     adv = broadcast_to_tokens(torch.where(k == 1, lone, leave_one_out), response_mask)
     return adv, adv
@@ -136,7 +136,7 @@ def reinforce_pp_baseline(
     Models", 2025, §3.
     """
     _require("reinforce_pp_baseline", group_ids=group_ids)
-    scores = sequence_scores(token_rewards)
+    scores = sequence_scores(token_rewards, response_mask)
     centred = group_normalise(scores, group_ids, scale_by_std=False, eps=0.0, singleton=singleton)
     adv = masked_whiten(broadcast_to_tokens(centred, response_mask), response_mask, unbiased=unbiased)
     return adv, adv
@@ -164,7 +164,7 @@ def gpg(
     Reasoning", 2025, §3.
     """
     _require("gpg", group_ids=group_ids)
-    scores = sequence_scores(token_rewards)
+    scores = sequence_scores(token_rewards, response_mask)
     batch = scores.numel()
     if alpha_mode == "nonzero_scores":
         informative = (scores != 0).sum()

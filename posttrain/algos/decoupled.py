@@ -52,9 +52,7 @@ def decoupled_ppo(
     if proximal_logprobs is None:
         raise ValueError("policy loss 'decoupled_ppo' needs proximal_logprobs (ℓ of π_prox)")
     if behaviour_weight not in BEHAVIOUR_WEIGHT_MODES:
-        raise ValueError(
-            f"unknown behaviour_weight {behaviour_weight!r}; valid: {', '.join(BEHAVIOUR_WEIGHT_MODES)}"
-        )
+        raise ValueError(f"unknown behaviour_weight {behaviour_weight!r}; valid: {', '.join(BEHAVIOUR_WEIGHT_MODES)}")
     clip_high = clip_low if clip_high is None else clip_high
     trust_ratio = _ratio(logprobs, proximal_logprobs, log_ratio_clamp)
     per_token, clipped, dual_clipped = clipped_surrogate(trust_ratio, advantages, clip_low, clip_high, clip_c)

@@ -20,7 +20,8 @@ class GroupStats:
     """Statistics of each sample's own group, gathered back to ``[B]``."""
 
     mean: Tensor  # μ_g of the sample's group
-    std: Tensor  # unbiased σ_g (n−1); 0 for a singleton
+    centred: Tensor  # r_i − μ_g, exactly 0 when the whole group holds one value
+    std: Tensor  # unbiased σ_g (n−1); exactly 0 for a constant group or a singleton
     size: Tensor  # k, the number of samples in the group (float)
 
 
@@ -35,11 +36,15 @@ def group_stats(scores: Tensor, group_ids: Tensor) -> GroupStats:
     zeros = scores.new_zeros(num_groups)
     size = zeros.index_add(0, index, torch.ones_like(scores))
     mean = zeros.index_add(0, index, scores) / size
-    # two-pass variance: subtracting the mean first keeps identical rewards exactly at 0
-    centred = scores - mean[index]
+    # Σr/k need not round back to r (3 × 0.2 / 3 ≠ 0.2), so a constant group is detected
+    # directly: its advantages must be exactly 0, not 1e-17 that eps-scaling could inflate.
+    lowest = zeros.scatter_reduce(0, index, scores, "amin", include_self=False)
+    highest = zeros.scatter_reduce(0, index, scores, "amax", include_self=False)
+    constant = (lowest == highest)[index]
+    centred = torch.where(constant, torch.zeros_like(scores), scores - mean[index])
     sq = zeros.index_add(0, index, centred * centred)
     std = torch.sqrt(sq / (size - 1).clamp(min=1))
-    return GroupStats(mean=mean[index], std=std[index], size=size[index])
+    return GroupStats(mean=mean[index], centred=centred, std=std[index], size=size[index])
 
 
 def group_normalise(
@@ -59,7 +64,7 @@ def group_normalise(
     """
     check_singleton_mode(singleton)
     stats = group_stats(scores, group_ids)
-    centred = scores - stats.mean
+    centred = stats.centred
     if scale_by_std:
         centred = centred / (stats.std + eps)
     lone = stats.size == 1
@@ -72,10 +77,14 @@ def check_singleton_mode(singleton: str) -> None:
         raise ValueError(f"unknown singleton mode {singleton!r}; valid modes: {', '.join(SINGLETON_MODES)}")
 
 
-def sequence_scores(token_rewards: Tensor) -> Tensor:
-    """r_i = Σ_t token_rewards[i, t]: one scalar per response, as estimators that want a
-    sequence reward read it (ALGORITHMS.md §0). ``[B, T] -> [B]``."""
-    return token_rewards.sum(-1)
+def sequence_scores(token_rewards: Tensor, response_mask: Tensor) -> Tensor:
+    """r_i = Σ_t m·token_rewards[i, t]: one scalar per response, ``[B, T] -> [B]``.
+
+    ALGORITHMS.md §0 sums every position; we sum valid positions only, so that a value left
+    on a padding or observation token is ignored here exactly as GAE and the returns-to-go
+    estimators ignore it. With rewards on the last valid token (the convention) both agree.
+    """
+    return torch.where(response_mask.bool(), token_rewards, torch.zeros_like(token_rewards)).sum(-1)
 
 
 def broadcast_to_tokens(per_sequence: Tensor, response_mask: Tensor) -> Tensor:

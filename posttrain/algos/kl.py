@@ -45,8 +45,7 @@ def kl_estimate(
     kind = KL_ALIASES.get(kind, kind)
     if kind not in KL_ESTIMATORS:
         raise ValueError(
-            f"unknown KL estimator {kind!r}; valid: {', '.join(KL_ESTIMATORS)} "
-            f"(verl aliases: {', '.join(KL_ALIASES)})"
+            f"unknown KL estimator {kind!r}; valid: {', '.join(KL_ESTIMATORS)} (verl aliases: {', '.join(KL_ALIASES)})"
         )
     d = logprobs - ref_logprobs
     base = kind.rstrip("+")
@@ -114,8 +113,10 @@ def shape_token_rewards(
             raise ValueError(f"unknown KL level {level!r}; valid: token, sequence")
         has_tokens = response_mask.sum(-1) > 0
         per_seq = masked_mean(kl, response_mask, dim=-1)
-        metrics = {"kl": per_seq[has_tokens].mean() if has_tokens.any() else kl.new_zeros(()),
-                   "kl_coef": torch.as_tensor(beta, dtype=kl.dtype)}
+        metrics = {
+            "kl": per_seq[has_tokens].mean() if has_tokens.any() else kl.new_zeros(()),
+            "kl_coef": torch.as_tensor(beta, dtype=kl.dtype),
+        }
     return token_rewards, metrics
 
 

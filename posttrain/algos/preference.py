@@ -39,7 +39,7 @@ def bradley_terry_loss(
     if center_coef:
         loss = loss + center_coef * ((chosen + rejected) ** 2).mean()
     with torch.no_grad():
-        metrics = {"accuracy": (difference > 0).float().mean(), "margin": difference.mean()}
+        metrics = {"accuracy": (difference > 0).to(difference.dtype).mean(), "margin": difference.mean()}
     return loss, metrics
 
 
@@ -75,7 +75,7 @@ def ipo(
     chosen_lengths: Tensor | None = None,
     rejected_lengths: Tensor | None = None,
 ) -> Tensor:
-    """IPO: (h' − 1/(2β))², β playing the paper's τ.
+    """IPO: loss = (h' − 1/(2β))², β playing the paper's τ.
 
     Convention (ALGORITHMS.md §10.7): when lengths are given, h' uses per-token averaged
     log-ratios Δ_w/n_w − Δ_l/n_l (TRL, AReaL); without them the summed h (OpenRLHF).
@@ -100,7 +100,7 @@ def hinge(
     chosen_lengths: Tensor | None = None,
     rejected_lengths: Tensor | None = None,
 ) -> Tensor:
-    """SLiC hinge: max(0, 1 − β·h), a margin of 1/β on the reference-corrected log-ratio.
+    """SLiC hinge: loss = max(0, 1 − β·h), a margin of 1/β on the reference-corrected log-ratio.
 
     Source: Zhao et al., "SLiC-HF: Sequence Likelihood Calibration with Human Feedback", 2023, eq. 1.
     """
@@ -165,6 +165,6 @@ def dpo_loss(
             "rewards/chosen": chosen_reward.mean(),
             "rewards/rejected": rejected_reward.mean(),
             "rewards/margin": (chosen_reward - rejected_reward).mean(),
-            "rewards/accuracy": (chosen_reward > rejected_reward).float().mean(),
+            "rewards/accuracy": (chosen_reward > rejected_reward).to(chosen_reward.dtype).mean(),
         }
     return per_pair.mean(), metrics

@@ -84,7 +84,12 @@ def _drop_unused_inputs(fn: F, standard_inputs: frozenset[str]) -> F:
 ADVANTAGE_ESTIMATORS = Registry(
     "advantage estimator",
     standard_inputs=(
-        "token_rewards", "response_mask", "group_ids", "values", "baseline_scores", "reward_components",
+        "token_rewards",
+        "response_mask",
+        "group_ids",
+        "values",
+        "baseline_scores",
+        "reward_components",
     ),
 )
 """Advantage estimators: ``fn(token_rewards, response_mask, ..., **options) -> (advantages, returns)``."""

@@ -163,8 +163,9 @@ def remax(
     return adv, returns
 
 
-def reinforce_returns(rewards: Tensor, gamma: float = 0.99, *, standardize: bool = True,
-                      eps: float = 1.1920929e-07) -> Tensor:
+def reinforce_returns(
+    rewards: Tensor, gamma: float = 0.99, *, standardize: bool = True, eps: float = 1.1920929e-07
+) -> Tensor:
     """Classic episodic REINFORCE returns for one episode ``[T] -> [T]`` (seed 001, CartPole).
 
         G_t = r_t + γ·G_{t+1};   G ← (G − mean(G)) / (std(G) + eps)    (unbiased std)
@@ -204,6 +205,8 @@ class RunningMeanBaseline:
         return {"decay": self.decay, "value": self.value, "initialised": self.initialised}
 
     def load_state_dict(self, state: dict[str, float | bool]) -> None:
-        self.decay, self.value, self.initialised = float(state["decay"]), float(state["value"]), bool(
-            state["initialised"]
+        self.decay, self.value, self.initialised = (
+            float(state["decay"]),
+            float(state["value"]),
+            bool(state["initialised"]),
         )

@@ -23,9 +23,7 @@ def dapo_group_filter(group_metric: Tensor, group_ids: Tensor) -> Tensor:
     return (stats.std > 0) | (stats.size == 1)
 
 
-def overlong_reward_penalty(
-    lengths: Tensor, max_length: int, cache_length: int, factor: float = 1.0
-) -> Tensor:
+def overlong_reward_penalty(lengths: Tensor, max_length: int, cache_length: int, factor: float = 1.0) -> Tensor:
     """Soft overlong punishment R_len(L) added to the task reward, ``[B] -> [B]``.
 
         L_exp = L_max − L_cache

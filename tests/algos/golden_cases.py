@@ -53,8 +53,11 @@ ADVANTAGE_CASES: dict[str, list[Case]] = {
         # eps = 0 gives exactly ±1/√2·… = ±0.70710678
         Case(OUTCOME, per_sequence([1 / SQRT_TWO, -1 / SQRT_TWO, 1 / SQRT_TWO, -1 / SQRT_TWO]), {"eps": 0.0}),
         # batch std of [1, 0, 3, 1]: mean 1.25, Σ(x−μ)² = 0.0625+1.5625+3.0625+0.0625 = 4.75, /3
-        Case(OUTCOME, per_sequence([v / math.sqrt(4.75 / 3) for v in (0.5, -0.5, 1.0, -1.0)]),
-             {"eps": 0.0, "std_scope": "batch"}),
+        Case(
+            OUTCOME,
+            per_sequence([v / math.sqrt(4.75 / 3) for v in (0.5, -0.5, 1.0, -1.0)]),
+            {"eps": 0.0, "std_scope": "batch"},
+        ),
     ],
     "dr_grpo": [Case(OUTCOME, per_sequence([0.5, -0.5, 1.0, -1.0]))],
     # k/(k−1)·(r − μ_g) with k = 2; equivalently r_i − r_other
@@ -110,8 +113,16 @@ ADVANTAGE_CASES: dict[str, list[Case]] = {
         # per-episode standardisation of G = [2.75, 3.5, 3]: mean 3.0833, unbiased std 0.38188
         Case(
             {"token_rewards": t([[1, 2, 7, 3]]), "response_mask": t([[1, 1, 0, 1]])},
-            t([[(2.75 - 37 / 12) / (math.sqrt(7 / 48) + 1.1920929e-07), (3.5 - 37 / 12) / (math.sqrt(7 / 48) + 1.1920929e-07),
-                0.0, (3 - 37 / 12) / (math.sqrt(7 / 48) + 1.1920929e-07)]]),
+            t(
+                [
+                    [
+                        (2.75 - 37 / 12) / (math.sqrt(7 / 48) + 1.1920929e-07),
+                        (3.5 - 37 / 12) / (math.sqrt(7 / 48) + 1.1920929e-07),
+                        0.0,
+                        (3 - 37 / 12) / (math.sqrt(7 / 48) + 1.1920929e-07),
+                    ]
+                ]
+            ),
             {"gamma": 0.5, "standardize": "sequence"},
             expected_returns=t([[2.75, 3.5, 0.0, 3.0]]),
         ),
@@ -120,8 +131,12 @@ ADVANTAGE_CASES: dict[str, list[Case]] = {
         # γ = .5; G = row0 [.5, 1, ·], row1 [0, 0, −1]; whitened over the 5 valid tokens
         Case(
             {"token_rewards": t([[0, 1, 0], [0, 0.5, -1]]), "response_mask": t([[1, 1, 0], [1, 1, 1]])},
-            t([[0.539359885067322, 1.2135597414014745, 0.0],
-               [-0.1348399712668305, -0.1348399712668305, -1.4832396839351356]]),
+            t(
+                [
+                    [0.539359885067322, 1.2135597414014745, 0.0],
+                    [-0.1348399712668305, -0.1348399712668305, -1.4832396839351356],
+                ]
+            ),
             {"gamma": 0.5},
             expected_returns=t([[0.5, 1.0, 0.0], [0.0, 0.0, -1.0]]),
         ),
@@ -129,8 +144,11 @@ ADVANTAGE_CASES: dict[str, list[Case]] = {
     "remax": [
         # G_t = Σ_{k≥t} r_k; A = G − b with greedy rewards b = [.5, 3]
         Case(
-            {"token_rewards": t([[0, 1, 0], [0, 0, 2]]), "response_mask": t([[1, 1, 1], [1, 1, 1]]),
-             "baseline_scores": t([0.5, 3.0])},
+            {
+                "token_rewards": t([[0, 1, 0], [0, 0, 2]]),
+                "response_mask": t([[1, 1, 1], [1, 1, 1]]),
+                "baseline_scores": t([0.5, 3.0]),
+            },
             t([[0.5, 0.5, -0.5], [-1.0, -1.0, -1.0]]),
             expected_returns=t([[1.0, 1.0, 0.0], [2.0, 2.0, 2.0]]),
         ),
@@ -155,8 +173,12 @@ POLICY_LOSS_CASES: dict[str, list[Case]] = {
         # clip-higher 0.28 leaves ρ = 1.2214 unclipped
         Case(LOSS, (-E02 - 1.0 + 1.6) / 3, {"clip_high": 0.28}, expected_metrics={"clip_fraction": 1 / 3}),
         # dual clip: A = −1, ρ = e² = 7.389 → PPO term 7.389, bounded by −c·A = 3
-        Case({"logprobs": t([[0.0]]), "old_logprobs": t([[-2.0]]), "advantages": t([[-1.0]]),
-              "response_mask": t([[1]])}, 3.0, {"clip_c": 3.0}, expected_metrics={"dual_clip_fraction": 1.0}),
+        Case(
+            {"logprobs": t([[0.0]]), "old_logprobs": t([[-2.0]]), "advantages": t([[-1.0]]), "response_mask": t([[1]])},
+            3.0,
+            {"clip_c": 3.0},
+            expected_metrics={"dual_clip_fraction": 1.0},
+        ),
         # seq-mean-token-mean: ((−1.2 − 1)/2 + 1.6)/2
         Case(LOSS, ((-1.2 - 1.0) / 2 + 1.6) / 2, {"agg_mode": "seq-mean-token-mean"}),
     ],
@@ -183,13 +205,21 @@ POLICY_LOSS_CASES: dict[str, list[Case]] = {
         # w = e^{prox − behav} = [e^.1, 1, e^2 = 7.39 > cap 5 → masked]; u = e^{ℓ − prox} = [e^.1, 1, ·]
         # L = [w·max(−u, −clip(u)) = −e^.1·e^.1, −1, 0]; denominator keeps all 3 valid tokens
         Case(
-            {**LOSS, "old_logprobs": t([[-1.2, -0.5], [-3.5, -0.4]]), "proximal_logprobs": t([[-1.1, -0.5], [-1.5, -0.4]])},
+            {
+                **LOSS,
+                "old_logprobs": t([[-1.2, -0.5], [-3.5, -0.4]]),
+                "proximal_logprobs": t([[-1.1, -0.5], [-1.5, -0.4]]),
+            },
             (-math.exp(0.2) - 1.0) / 3,
             expected_metrics={"behaviour_masked_fraction": 1 / 3},
         ),
         # clamp mode: the third weight is clipped to 5; u = e^{−.5}, A = −2 → max(2·.6065, 2·.8) = 1.6
         Case(
-            {**LOSS, "old_logprobs": t([[-1.2, -0.5], [-3.5, -0.4]]), "proximal_logprobs": t([[-1.1, -0.5], [-1.5, -0.4]])},
+            {
+                **LOSS,
+                "old_logprobs": t([[-1.2, -0.5], [-3.5, -0.4]]),
+                "proximal_logprobs": t([[-1.1, -0.5], [-1.5, -0.4]]),
+            },
             (-math.exp(0.2) - 1.0 + 5 * 1.6) / 3,
             {"behaviour_weight": "clamp"},
         ),
@@ -220,7 +250,10 @@ PREFERENCE_LOSS_CASES: dict[str, list[Case]] = {
     ],
     "hinge": [Case(PAIRS, [0.0, 1.5])],
     "robust": [
-        Case(PAIRS, [(0.9 * nls(1.0) - 0.1 * nls(-1.0)) / 0.8, (0.9 * nls(-0.5) - 0.1 * nls(0.5)) / 0.8],
-             {"label_smoothing": 0.1}),
+        Case(
+            PAIRS,
+            [(0.9 * nls(1.0) - 0.1 * nls(-1.0)) / 0.8, (0.9 * nls(-0.5) - 0.1 * nls(0.5)) / 0.8],
+            {"label_smoothing": 0.1},
+        ),
     ],
 }

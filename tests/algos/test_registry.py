@@ -1,0 +1,98 @@
+"""Registry behaviour, documentation of every entry, and the import boundary of posttrain.algos."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from posttrain.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, PREFERENCE_LOSSES, Registry, UnknownNameError
+
+REQUIRED_ESTIMATORS = {
+    "gae",
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "remax",
+    "reinforce",
+    "reinforce_pp",
+    "reinforce_pp_baseline",
+    "gpg",
+    "gdpo",
+}
+REQUIRED_LOSSES = {"ppo_clip", "gspo", "gspo_token", "cispo", "sapo", "pg", "decoupled_ppo"}
+ALL_ENTRIES = [
+    (registry.kind, name, fn)
+    for registry in (ADVANTAGE_ESTIMATORS, POLICY_LOSSES, PREFERENCE_LOSSES)
+    for name, fn in registry.items()
+]
+
+
+def test_contract_names_are_registered():
+    assert set(ADVANTAGE_ESTIMATORS) >= REQUIRED_ESTIMATORS
+    assert set(POLICY_LOSSES) >= REQUIRED_LOSSES
+
+
+def test_unknown_name_lists_valid_names_and_suggests_the_closest():
+    with pytest.raises(UnknownNameError) as error:
+        ADVANTAGE_ESTIMATORS["grp0"]
+    message = str(error.value)
+    assert "unknown advantage estimator 'grp0'" in message
+    assert all(name in message for name in REQUIRED_ESTIMATORS)
+    assert "Did you mean 'grpo'?" in message
+    with pytest.raises(KeyError, match="ppo_clip"):  # still a KeyError for dict-minded callers
+        POLICY_LOSSES["ppo"]
+
+
+def test_duplicate_registration_is_refused_and_keeps_the_original():
+    original = ADVANTAGE_ESTIMATORS["grpo"]
+    with pytest.raises(ValueError, match="already registered"):
+        ADVANTAGE_ESTIMATORS.register("grpo")(lambda **_: None)
+    with pytest.raises(ValueError, match="already registered"):
+        POLICY_LOSSES["pg"] = lambda **_: None
+    assert ADVANTAGE_ESTIMATORS["grpo"] is original
+
+
+def test_a_new_entry_gets_only_the_inputs_it_declares_and_typos_still_fail():
+    registry = Registry("advantage estimator", standard_inputs=("token_rewards", "response_mask", "values"))
+
+    @registry.register("constant")
+    def constant(token_rewards, response_mask, *, value: float = 1.0):
+        """A_t = value. Source: a test, 2026."""
+        return response_mask * value, response_mask * value
+
+    mask = torch.ones(1, 2)
+    advantages, _ = registry["constant"](token_rewards=mask, response_mask=mask, values=mask, value=2.0)
+    assert advantages.tolist() == [[2.0, 2.0]]
+    with pytest.raises(TypeError, match="valeu"):
+        registry["constant"](token_rewards=mask, response_mask=mask, valeu=2.0)
+
+
+def test_a_missing_input_is_named():
+    mask = torch.ones(1, 2)
+    with pytest.raises(ValueError, match="needs values"):
+        ADVANTAGE_ESTIMATORS["gae"](token_rewards=mask, response_mask=mask)
+    with pytest.raises(ValueError, match="needs group_ids"):
+        ADVANTAGE_ESTIMATORS["grpo"](token_rewards=mask, response_mask=mask)
+    with pytest.raises(ValueError, match="proximal_logprobs"):
+        POLICY_LOSSES["decoupled_ppo"](logprobs=mask, old_logprobs=mask, advantages=mask, response_mask=mask)
+
+
+@pytest.mark.parametrize(("kind", "name", "fn"), ALL_ENTRIES, ids=[f"{k}:{n}" for k, n, _ in ALL_ENTRIES])
+def test_docstring_states_formula_and_source(kind, name, fn):
+    doc = fn.__doc__ or ""
+    assert "=" in doc, f"{kind} {name!r}: no formula in the docstring"
+    assert re.search(r"Sources?:.*\b(19|20)\d\d\b", doc, re.S), f"{kind} {name!r}: no 'Source: <paper>, <year>'"
+
+
+def test_importing_the_math_pulls_in_no_heavy_stack():
+    code = (
+        "import sys, posttrain.algos; "
+        "heavy = {m.split('.')[0] for m in sys.modules} & {'transformers', 'ray', 'vllm', 'datasets', 'peft'}; "
+        "print(sorted(heavy))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
