@@ -26,6 +26,7 @@ def decoupled_ppo(
     behaviour_weight: str = "mask",
     weight_cap: float | None = 5.0,
     weight_floor: float | None = None,
+    weight_level: str = "token",
     log_ratio_clamp: float | None = 20.0,
     agg_mode: str = "token-mean",
     num_tokens: float | Tensor | None = None,
@@ -45,6 +46,8 @@ def decoupled_ppo(
     [weight_floor, weight_cap] from the numerator only (older AReaL default: cap 5);
     ``"clamp"`` clips w into that range; ``"none"`` applies no weight at all — what current
     AReaL does when no rejection-sampling block is configured (ALGORITHMS.md §10, surprises).
+    ``weight_level="sequence"`` uses one weight per sequence, the geometric mean of its token
+    weights, so a stale sequence is kept or dropped whole.
     On-policy data (ℓ_prox = ℓ_behav) reduce this to PPO.
     Source: Fu et al., "AReaL: A Large-Scale Asynchronous Reinforcement Learning System for
     Language Reasoning", 2025, eq. 5.
@@ -57,7 +60,16 @@ def decoupled_ppo(
     trust_ratio = _ratio(logprobs, proximal_logprobs, log_ratio_clamp)
     per_token, clipped, dual_clipped = clipped_surrogate(trust_ratio, advantages, clip_low, clip_high, clip_c)
 
-    weight = _ratio(proximal_logprobs, old_logprobs, log_ratio_clamp).detach()
+    behaviour_log_ratio = (proximal_logprobs - old_logprobs).detach()
+    if weight_level == "sequence":
+        # geometric mean of the token weights: one weight (and one keep/drop) per sequence
+        behaviour_log_ratio = masked_mean(behaviour_log_ratio, response_mask, dim=-1).unsqueeze(-1)
+        behaviour_log_ratio = behaviour_log_ratio.expand_as(proximal_logprobs)
+    elif weight_level != "token":
+        raise ValueError(f"unknown weight_level {weight_level!r}; valid: token, sequence")
+    if log_ratio_clamp is not None:
+        behaviour_log_ratio = behaviour_log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
+    weight = torch.exp(behaviour_log_ratio)
     kept = torch.ones_like(response_mask, dtype=torch.bool)
     if behaviour_weight == "none":
         weight = torch.ones_like(weight)

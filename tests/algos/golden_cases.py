@@ -213,6 +213,17 @@ POLICY_LOSS_CASES: dict[str, list[Case]] = {
             (-math.exp(0.2) - 1.0) / 3,
             expected_metrics={"behaviour_masked_fraction": 1 / 3},
         ),
+        # sequence level: w_0 = e^{(.1 + 0)/2} = e^.05 for both tokens of row 0; w_1 = e^2 > 5 drops row 1
+        Case(
+            {
+                **LOSS,
+                "old_logprobs": t([[-1.2, -0.5], [-3.5, -0.4]]),
+                "proximal_logprobs": t([[-1.1, -0.5], [-1.5, -0.4]]),
+            },
+            (-math.exp(0.05) * math.exp(0.1) - math.exp(0.05)) / 3,
+            {"weight_level": "sequence"},
+            expected_metrics={"behaviour_masked_fraction": 1 / 3},
+        ),
         # clamp mode: the third weight is clipped to 5; u = e^{−.5}, A = −2 → max(2·.6065, 2·.8) = 1.6
         Case(
             {

@@ -96,3 +96,27 @@ def test_importing_the_math_pulls_in_no_heavy_stack():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_public_signatures_of_design_md_hold():
+    """DESIGN.md's contract, called exactly as it is written there."""
+    import posttrain.algos as algos
+
+    logp, ref, mask = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]), torch.ones(1, 2)
+    assert algos.kl_estimate(logp, ref, "k1").shape == (1, 2)
+    for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+        assert algos.aggregate_loss(logp, mask, mode).dim() == 0
+    chosen, rejected = torch.tensor([-1.0]), torch.tensor([-2.0])
+    loss, metrics = algos.dpo_loss(chosen, rejected, chosen, rejected, 0.1, "sigmoid")
+    assert loss.dim() == 0 and "rewards/margin" in metrics
+    loss, metrics = algos.bradley_terry_loss(chosen, rejected, None)
+    assert loss.dim() == 0 and "accuracy" in metrics
+    advantages, returns = algos.ADVANTAGE_ESTIMATORS["grpo"](
+        token_rewards=mask,
+        response_mask=mask,
+        group_ids=torch.tensor([0]),
+        values=None,
+        baseline_scores=None,
+        reward_components=None,
+    )
+    assert advantages.shape == returns.shape == (1, 2)
