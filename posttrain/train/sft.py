@@ -1,0 +1,131 @@
+"""Supervised fine-tuning on prompt/completion rows.
+
+The loss is the negative mean log-prob of the completion tokens and the EOS after them; the
+prompt is context only. Each row is tokenised as prompt ids + completion ids + EOS, with no
+BOS: exactly the token sequence an RL rollout later sees (the prompt, then what the policy
+generates up to EOS), so what SFT teaches is what generation starts from.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from posttrain.algos import sft_loss
+from posttrain.models.logprobs import token_logprobs
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    steps: int = 300
+    """Optimizer steps; the data is reshuffled each time it runs out."""
+    batch_size: int = 32
+    """Rows per optimizer step."""
+    learning_rate: float = 1e-3
+    """AdamW learning rate after warm-up."""
+    warmup_steps: int = 20
+    """Steps of linear warm-up. After it the rate stays constant: SFT before RL stops part-way
+    on purpose, and a schedule annealed to 0 by then leaves a flat policy whose samples are
+    rarely right, so RL gets almost no reward signal (shared/benchmarks/README.md)."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this before each step."""
+    seed: int = 0
+    """Seeds the shuffling order."""
+
+
+Example = tuple[list[int], list[int]]  # (input_ids, loss_mask)
+StepCallback = Callable[[dict[str, float]], None]
+
+
+def encode_row(tokenizer: PreTrainedTokenizerBase, prompt: str, completion: str) -> Example:
+    """(input_ids, loss_mask) for prompt + completion + EOS; the mask is 1 on completion and EOS."""
+    # Tokenised separately, so the prompt's ids are the same as at generation time even for
+    # subword tokenizers that would merge across the prompt/completion boundary.
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    completion_ids = [*tokenizer(completion, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+    return prompt_ids + completion_ids, [0] * len(prompt_ids) + [1] * len(completion_ids)
+
+
+def collate(examples: Sequence[Example], pad_token_id: int) -> dict[str, Tensor]:
+    """Right-pad to the longest example: input_ids, attention_mask, loss_mask, each [B, T]."""
+    width = max(len(ids) for ids, _ in examples)
+    input_ids = torch.full((len(examples), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(examples), width), dtype=torch.long)
+    loss_mask = torch.zeros((len(examples), width), dtype=torch.float32)
+    for i, (ids, mask) in enumerate(examples):
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        attention_mask[i, : len(ids)] = 1
+        loss_mask[i, : len(ids)] = torch.tensor(mask, dtype=torch.float32)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+
+
+def sft_batch_loss(model: PreTrainedModel, batch: Mapping[str, Tensor]) -> Tensor:
+    """Token-mean negative log-likelihood of the masked tokens of a collated batch."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    # Position t predicts token t + 1, so the mask is read on the shifted targets.
+    logprobs = token_logprobs(logits[:, :-1], batch["input_ids"][:, 1:])
+    return sft_loss(logprobs, batch["loss_mask"][:, 1:], agg_mode="token-mean")
+
+
+def _batches(n: int, batch_size: int, generator: torch.Generator) -> Iterator[list[int]]:
+    """Index batches forever; a fresh permutation per pass, the short remainder dropped so
+    every step sees `batch_size` rows."""
+    if n < batch_size:
+        raise ValueError(f"{n} rows cannot fill one batch of {batch_size}")
+    while True:
+        order = torch.randperm(n, generator=generator).tolist()
+        for start in range(0, n - batch_size + 1, batch_size):
+            yield order[start : start + batch_size]
+
+
+def train_sft(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: Sequence[Mapping[str, str]],
+    config: SFTConfig,
+    on_step: StepCallback | None = None,
+) -> list[dict[str, float]]:
+    """Fine-tune `model` in place on rows with "prompt" and "completion"; returns per-step metrics.
+
+    Each step's metrics (``step``, ``loss/sft``, ``lr``, ``grad_norm``, ``time/elapsed_s``)
+    also go to `on_step` as soon as the step ends.
+    """
+    device = next(model.parameters()).device
+    examples = [encode_row(tokenizer, row["prompt"], row["completion"]) for row in rows]
+    generator = torch.Generator().manual_seed(config.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    # Step s (0-based) trains at lr * (s + 1) / warmup until warm-up ends, then at lr.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(config.warmup_steps, 1)))
+    was_training = model.training
+    model.train()
+    history: list[dict[str, float]] = []
+    start = time.perf_counter()
+    batches = _batches(len(examples), config.batch_size, generator)
+    for step in range(1, config.steps + 1):
+        batch = collate([examples[i] for i in next(batches)], tokenizer.pad_token_id)
+        loss = sft_batch_loss(model, {k: v.to(device) for k, v in batch.items()})
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        metrics = {
+            "step": step,
+            "loss/sft": loss.item(),
+            "lr": lr,
+            "grad_norm": grad_norm.item(),
+            "time/elapsed_s": time.perf_counter() - start,
+        }
+        history.append(metrics)
+        if on_step is not None:
+            on_step(metrics)
+    model.train(was_training)
+    return history

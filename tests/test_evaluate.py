@@ -1,0 +1,69 @@
+import pytest
+import torch
+
+from posttrain.data.tasks.reverse import make_rows, reverse_reward
+from posttrain.evaluate import evaluate, generate_greedy
+from posttrain.models.tiny import build_tiny_causal_lm
+from posttrain.models.tokenizers import build_char_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    return build_tiny_causal_lm(len(tokenizer), layers=1, hidden=32, heads=2, seed=1, tokenizer=tokenizer)
+
+
+def test_batched_left_padded_generation_equals_one_prompt_at_a_time(model, tokenizer):
+    prompts = [row["prompt"] for row in make_rows(["al", "sanidhya", "joe", "akshitaxy"])]
+    texts, ids = generate_greedy(model, tokenizer, prompts, max_new_tokens=6, batch_size=4)
+    for prompt, text, row_ids in zip(prompts, texts, ids, strict=True):
+        alone_texts, alone_ids = generate_greedy(model, tokenizer, [prompt], max_new_tokens=6)
+        assert (alone_texts[0], alone_ids[0]) == (text, row_ids)
+        assert tokenizer.decode(row_ids, skip_special_tokens=True) == text
+        assert len(row_ids) == 6 or row_ids[-1] == tokenizer.eos_token_id
+
+
+class FixedGenerator(torch.nn.Module):
+    """Stands in for a model whose `generate` appends the same tokens to every prompt."""
+
+    def __init__(self, new_tokens):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.new_tokens = new_tokens
+
+    def generate(self, input_ids, **kwargs):
+        tail = torch.tensor([self.new_tokens] * input_ids.shape[0])
+        return torch.cat([input_ids, tail], dim=1)
+
+
+def test_completion_ids_stop_at_eos_and_text_drops_special_tokens(tokenizer):
+    a, dot, eos, pad = (tokenizer.convert_tokens_to_ids(t) for t in ("a", ".", "<eos>", "<pad>"))
+    stub = FixedGenerator([a, dot, eos, pad, pad]).train()
+    texts, ids = generate_greedy(stub, tokenizer, ["x", "longer prompt"], max_new_tokens=5)
+    assert ids == [[a, dot, eos]] * 2 and texts == ["a."] * 2
+    assert stub.training  # the mode it had is given back
+    texts, ids = generate_greedy(FixedGenerator([a, a, a]), tokenizer, ["x"], max_new_tokens=3)
+    assert ids == [[a, a, a]] and texts == ["aaa"]  # no EOS: all new tokens are kept
+
+
+def test_evaluate_scores_and_passes_columns_like_trl(model, tokenizer):
+    rows = make_rows(["sean", "neel"])
+    seen = {}
+
+    def reward_fn(prompts, completions, completion_ids, **columns):
+        seen.update(columns, prompts=prompts, n_ids=len(completion_ids))
+        return [1.0, None]
+
+    result = evaluate(model, tokenizer, rows, reward_fn, max_new_tokens=3)
+    assert seen["name"] == ["sean", "neel"] and "completion" not in seen and seen["n_ids"] == 2
+    assert result.accuracy == 1.0  # None rows are left out of the mean
+    assert result.samples[0]["reference"] == " naes." and result.samples[1]["reward"] is None
+
+
+def test_untrained_model_scores_zero_on_reverse(model, tokenizer):
+    result = evaluate(model, tokenizer, make_rows(["sean", "joel", "chen"]), reverse_reward)
+    assert result.accuracy == 0.0 and len(result.samples) == 3
