@@ -1,0 +1,1 @@
+"""Rollout engines: sample responses and their log-probs from the current policy."""
