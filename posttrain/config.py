@@ -1,0 +1,150 @@
+"""Typed configs: YAML files plus dotted command-line overrides, validated before any model loads.
+
+Every config is a tree of :class:`Section` models (pydantic). An option is documented once,
+in the docstring under its field; ``--help``, the docs and error messages all read it from
+there. Loading merges ``defaults ← YAML file ← overrides`` and validates the result; any
+problem raises :class:`ConfigError` listing *every* bad key at once, each with what was
+expected, the valid choices and, for a misspelt key, the closest valid name.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+ConfigT = TypeVar("ConfigT", bound="Section")
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, options document themselves."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
+
+
+class ConfigError(ValueError):
+    """One or more invalid config keys or values; the message names each one."""
+
+
+def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
+    """``["model.path=out/sft", "rewards=[a, b]"]`` → a nested dict; values are parsed as YAML."""
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} is not of the form dotted.key=value")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as error:
+            raise ConfigError(f"override {item!r}: the value is not valid YAML ({error.problem})") from None
+        node = tree
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r} conflicts with an earlier override of {part!r}")
+            node = child
+        node[parts[-1]] = value
+    return tree
+
+
+def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """Recursive dict merge; ``update`` wins, nested sections merge key by key."""
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of keys, found a {type(data).__name__}")
+    return data
+
+
+def load_config(config_cls: type[ConfigT], path: str | Path | None = None, overrides: Sequence[str] = ()) -> ConfigT:
+    """Defaults of ``config_cls`` ← the YAML file ← dotted overrides, validated as one."""
+    raw = read_yaml(path) if path is not None else {}
+    raw = deep_merge(raw, parse_overrides(overrides))
+    return validate_config(config_cls, raw, source=str(path) if path else "the command line")
+
+
+def validate_config(config_cls: type[ConfigT], raw: Mapping[str, Any], source: str = "config") -> ConfigT:
+    try:
+        return config_cls.model_validate(raw)
+    except ValidationError as error:
+        problems = [_explain(config_cls, item) for item in error.errors()]
+        listing = "\n".join(f"  - {problem}" for problem in problems)
+        raise ConfigError(f"invalid config ({source}), {len(problems)} problem(s):\n{listing}") from None
+
+
+def dump_config(config: Section) -> str:
+    """The resolved config as YAML, for ``config.yaml`` in the run directory and checkpoints."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+
+
+def _explain(config_cls: type[Section], item: Mapping[str, Any]) -> str:
+    loc = list(item["loc"])
+    dotted = ".".join(str(part) for part in loc)
+    if item["type"] == "extra_forbidden":
+        parent = _section_at(config_cls, [str(p) for p in loc[:-1]])
+        valid = sorted(parent.model_fields) if parent else []
+        close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+        hint = f" Did you mean {'.'.join([*map(str, loc[:-1]), close[0]])!r}?" if close else ""
+        return f"unknown key {dotted!r}; valid keys here: {', '.join(valid)}.{hint}"
+    value = item.get("input")
+    shown = repr(value) if not isinstance(value, Mapping) else "a mapping"
+    return f"{dotted} = {shown}: {item['msg']}"
+
+
+def _section_at(config_cls: type[Section], path: list[str]) -> type[Section] | None:
+    """The Section class reached by following field names (through Optional/Union)."""
+    current: type[Section] | None = config_cls
+    for name in path:
+        if current is None or name not in current.model_fields:
+            return None
+        current = _section_type(current.model_fields[name].annotation)
+    return current
+
+
+def _section_type(annotation: Any) -> type[Section] | None:
+    if isinstance(annotation, type) and issubclass(annotation, Section):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            found = _section_type(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def describe(config_cls: type[Section], prefix: str = "") -> list[tuple[str, str, str]]:
+    """Every option as ``(dotted key, default, docstring)``, nested sections flattened."""
+    rows: list[tuple[str, str, str]] = []
+    for name, field in config_cls.model_fields.items():
+        key = f"{prefix}{name}"
+        nested = _section_type(field.annotation)
+        if nested is not None and field.default is not None:
+            rows.extend(describe(nested, prefix=f"{key}."))
+            continue
+        default = "required" if field.is_required() else repr(field.get_default(call_default_factory=True))
+        rows.append((key, default, " ".join((field.description or "").split())))
+    return rows

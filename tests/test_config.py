@@ -1,0 +1,100 @@
+"""Config loading: YAML + dotted overrides, and errors that name the key and the valid choices."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pytest
+from pydantic import Field
+
+from posttrain.config import ConfigError, Section, describe, dump_config, load_config, parse_overrides
+
+
+class ModelSection(Section):
+    path: str | None = None
+    """A local Hugging Face model folder."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Parameter dtype."""
+
+
+class ExampleConfig(Section):
+    model: ModelSection = ModelSection()
+    """The policy."""
+    steps: int = Field(10, ge=1)
+    """Optimizer steps."""
+    learning_rate: float = Field(1e-3, gt=0)
+    """AdamW learning rate."""
+    rewards: list[str] = Field(default_factory=lambda: ["reverse"])
+    """Reward function names or pkg.module:fn paths."""
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_file_then_overrides(tmp_path):
+    path = write(tmp_path, "model:\n  path: out/sft\nsteps: 5\n")
+    config = load_config(ExampleConfig, path, ["steps=7", "model.dtype=bfloat16", "rewards=[a, 'pkg.m:fn']"])
+    assert config.model.path == "out/sft" and config.model.dtype == "bfloat16"
+    assert config.steps == 7 and config.rewards == ["a", "pkg.m:fn"]
+    assert config.learning_rate == 1e-3
+
+
+def test_dump_round_trips(tmp_path):
+    config = load_config(ExampleConfig, None, ["steps=3"])
+    again = load_config(ExampleConfig, write(tmp_path, dump_config(config)))
+    assert again == config
+
+
+def test_docs_come_from_field_docstrings():
+    rows = {key: (default, doc) for key, default, doc in describe(ExampleConfig)}
+    assert rows["model.path"] == ("None", "A local Hugging Face model folder.")
+    assert rows["learning_rate"] == ("0.001", "AdamW learning rate.")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            ["stpes=3"],
+            "unknown key 'stpes'; valid keys here: learning_rate, model, rewards, steps. Did you mean 'steps'?",
+        ),
+        (["model.pth=x"], "Did you mean 'model.path'?"),
+        (["model.dtype=fp32"], "model.dtype = 'fp32': Input should be 'float32' or 'bfloat16'"),
+        (["steps=0"], "steps = 0: Input should be greater than or equal to 1"),
+        (["steps=many"], "steps = 'many': Input should be a valid integer"),
+        (["learning_rate=-1"], "learning_rate = -1: Input should be greater than 0"),
+        (["rewards=reverse"], "rewards = 'reverse': Input should be a valid list"),
+        (["model=3"], "model = 3"),
+    ],
+)
+def test_bad_values_are_named_with_valid_choices(overrides, expected):
+    with pytest.raises(ConfigError) as error:
+        load_config(ExampleConfig, None, overrides)
+    assert expected in str(error.value)
+
+
+def test_all_problems_are_reported_at_once():
+    with pytest.raises(ConfigError, match=r"3 problem\(s\)"):
+        load_config(ExampleConfig, None, ["stpes=3", "model.dtype=fp8", "learning_rate=0"])
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("- a\n- b\n", "must hold a mapping"), ("a: [1, 2\n", "not valid YAML")],
+)
+def test_bad_files(tmp_path, text, expected):
+    with pytest.raises(ConfigError, match=expected):
+        load_config(ExampleConfig, write(tmp_path, text))
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(ExampleConfig, tmp_path / "missing.yaml")
+
+
+def test_override_syntax():
+    assert parse_overrides(["a.b.c=1", "a.b.d=[x]", "e="]) == {"a": {"b": {"c": 1, "d": ["x"]}}, "e": None}
+    with pytest.raises(ConfigError, match=r"dotted\.key=value"):
+        parse_overrides(["steps"])
+    with pytest.raises(ConfigError, match="conflicts"):
+        parse_overrides(["a=1", "a.b=2"])
