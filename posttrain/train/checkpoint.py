@@ -1,0 +1,216 @@
+"""Checkpoints that survive a killed run and resume exactly.
+
+Layout of ``<output_dir>/checkpoints/step-N/``: the model (and tokenizer) as a plain Hugging
+Face folder — loadable by ``AutoModelForCausalLM.from_pretrained`` with no conversion — plus
+``training_state.pt`` (optimizer, scheduler, RNG states, data position, step, anything the
+loop adds), ``config.yaml`` when given, and ``COMPLETE``: a manifest of every file with its
+size and SHA-256, written last.
+
+Covers: a process killed at any moment during a save (the checkpoint is built in a hidden
+temporary folder and renamed into place only once complete, so a reader sees the whole
+checkpoint or none of it); a file truncated or altered afterwards (the manifest no longer
+matches and loading names the file); retention never deleting the newest complete
+checkpoint. Does not cover: a disk that lies about fsync, or two processes writing the same
+run directory at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+MARKER = "COMPLETE"
+STATE_FILE = "training_state.pt"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used; the message names the folder or file and why."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    step: int
+
+
+def checkpoint_root(output_dir: str | Path) -> Path:
+    return Path(output_dir) / "checkpoints"
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """Python, NumPy and torch (CPU and every CUDA device) random states."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(
+    output_dir: str | Path,
+    step: int,
+    *,
+    model: Any,
+    tokenizer: Any = None,
+    training_state: dict[str, Any] | None = None,
+    config_yaml: str | None = None,
+    keep_last: int | None = None,
+) -> Checkpoint:
+    """Write ``step-<step>`` atomically and return it; then prune to ``keep_last`` checkpoints.
+
+    ``training_state`` holds whatever exact resume needs (optimizer / scheduler state dicts,
+    data position, controller states, ...); RNG states are added here.
+    """
+    root = checkpoint_root(output_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step}"
+    _clear_stale_staging(root)
+    staging = root / f".staging-step-{step}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        model.save_pretrained(staging, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
+        torch.save({"step": step, "rng": capture_rng_state(), **(training_state or {})}, staging / STATE_FILE)
+        if config_yaml is not None:
+            (staging / "config.yaml").write_text(config_yaml, encoding="utf-8")
+        _write_manifest(staging, step)
+        if final.exists():  # re-saving a step (e.g. after a resume) replaces it whole
+            shutil.rmtree(final)
+        os.replace(staging, final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if keep_last is not None:
+        prune_checkpoints(output_dir, keep_last)
+    return Checkpoint(final, step)
+
+
+def list_checkpoints(output_dir: str | Path) -> list[Checkpoint]:
+    """Complete checkpoints (those with a manifest), oldest first. Contents are not verified here."""
+    root = checkpoint_root(output_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _STEP_DIR.match(child.name)
+        if match and (child / MARKER).is_file():
+            found.append(Checkpoint(child, int(match.group(1))))
+    return sorted(found, key=lambda c: c.step)
+
+
+def latest_checkpoint(output_dir: str | Path) -> Checkpoint | None:
+    """The newest checkpoint that verifies (``--resume auto``); broken newer ones are skipped."""
+    for checkpoint in reversed(list_checkpoints(output_dir)):
+        try:
+            verify_checkpoint(checkpoint.path)
+        except CheckpointError:
+            continue
+        return checkpoint
+    return None
+
+
+def prune_checkpoints(output_dir: str | Path, keep_last: int) -> list[Path]:
+    """Delete all but the newest ``keep_last`` (at least 1) complete checkpoints; return them."""
+    doomed = [c.path for c in list_checkpoints(output_dir)[: -max(1, keep_last)]]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+def _clear_stale_staging(root: Path) -> None:
+    """Staging folders of other processes are leftovers of killed saves (one writer per run)."""
+    for path in root.iterdir():
+        if path.name.startswith(".staging-") and not path.name.endswith(f"-{os.getpid()}"):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def verify_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Check the manifest against the files; return it, or raise naming the first problem."""
+    path = Path(path)
+    marker = path / MARKER
+    if not marker.is_file():
+        raise CheckpointError(f"{path} is not a complete checkpoint: {MARKER} is missing (the save was interrupted)")
+    try:
+        manifest = json.loads(marker.read_text(encoding="utf-8"))
+        files = manifest["files"]
+    except (ValueError, KeyError) as error:
+        raise CheckpointError(f"{marker} is unreadable ({error}); the checkpoint cannot be trusted") from None
+    for name, expected in files.items():
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"checkpoint file {file} is missing")
+        if file.stat().st_size != expected["size"]:
+            raise CheckpointError(
+                f"checkpoint file {file} has {file.stat().st_size} bytes, expected {expected['size']} (truncated?)"
+            )
+        if _sha256(file) != expected["sha256"]:
+            raise CheckpointError(f"checkpoint file {file} does not match its checksum (corrupted)")
+    return manifest
+
+
+def load_training_state(path: str | Path, *, restore_rng: bool = True) -> dict[str, Any]:
+    """Verify the checkpoint and return its training state; restore the RNG states by default.
+
+    The model weights are loaded by the caller with ``from_pretrained(path)`` (it may need a
+    dtype, a device map or LoRA), after this call has verified them.
+    """
+    verify_checkpoint(path)
+    try:
+        state = torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=False)
+    except Exception as error:  # torch raises several types for a damaged pickle
+        raise CheckpointError(f"{Path(path) / STATE_FILE} cannot be read: {error}") from None
+    if restore_rng:
+        restore_rng_state(state["rng"])
+    return state
+
+
+def _write_manifest(folder: Path, step: int) -> None:
+    files = {}
+    for file in sorted(p for p in folder.rglob("*") if p.is_file()):
+        with file.open("rb") as handle:
+            os.fsync(handle.fileno())
+        files[str(file.relative_to(folder))] = {"size": file.stat().st_size, "sha256": _sha256(file)}
+    marker = folder / MARKER
+    marker.write_text(json.dumps({"step": step, "files": files}, indent=1), encoding="utf-8")
+    with marker.open("rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def _sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with file.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # some filesystems do not allow opening directories
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
