@@ -1,0 +1,124 @@
+"""Metrics sinks: ``metrics.jsonl`` always, TensorBoard when installed, W&B when asked for.
+
+One JSON object per step (``{"step": 12, "loss/policy": 0.1, ...}``) is the record every
+other view is made from (the report, plots, a user's notebook), so it is written and flushed
+line by line: a killed run keeps every step it finished.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class MetricsLogger:
+    """Writes scalars per step to every enabled sink; ``samples`` go to ``samples.jsonl``.
+
+    ``resume_step``: when a run resumes from a checkpoint at step N, records after N in the
+    existing files came from the steps that are about to be redone; they are dropped so the
+    files describe one consistent run.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        tensorboard: bool = True,
+        wandb_project: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        resume_step: int | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.samples_path = self.run_dir / "samples.jsonl"
+        for path in (self.metrics_path, self.samples_path):
+            _truncate_after(path, resume_step)
+        mode = "a" if resume_step is not None else "w"
+        self._metrics = self.metrics_path.open(mode, encoding="utf-8")
+        self._samples = self.samples_path.open(mode, encoding="utf-8")
+        self._tensorboard = _open_tensorboard(self.run_dir / "tensorboard") if tensorboard else None
+        self._wandb = _open_wandb(wandb_project, config, self.run_dir) if wandb_project else None
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        record = {"step": step, **{key: _plain(value) for key, value in metrics.items()}}
+        self._metrics.write(json.dumps(record, allow_nan=True) + "\n")
+        self._metrics.flush()
+        if self._tensorboard is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self._tensorboard.add_scalar(key, value, step)
+        if self._wandb is not None:
+            self._wandb.log(record, step=step)
+
+    def log_samples(self, step: int, samples: Iterable[Mapping[str, Any]]) -> None:
+        for sample in samples:
+            self._samples.write(json.dumps({"step": step, **sample}, default=str) + "\n")
+        self._samples.flush()
+
+    def close(self) -> None:
+        self._metrics.close()
+        self._samples.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Records of a JSONL file; a torn last line (a run killed mid-write) is ignored."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def _truncate_after(path: Path, step: int | None) -> None:
+    if step is None or not path.is_file():
+        return
+    kept = [r for r in read_jsonl(path) if int(r.get("step", 0)) <= step]
+    path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+
+
+def _plain(value: Any) -> Any:
+    """Tensors and NumPy scalars to Python numbers; everything else unchanged."""
+    if hasattr(value, "item") and getattr(value, "numel", lambda: 1)() == 1:
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return value  # json writes NaN/Infinity; a NaN loss must stay visible
+    return value
+
+
+def _open_tensorboard(folder: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        log.info("tensorboard is not installed; metrics go to metrics.jsonl only")
+        return None
+    return SummaryWriter(log_dir=str(folder))
+
+
+def _open_wandb(project: str, config: Mapping[str, Any] | None, run_dir: Path) -> Any:
+    try:
+        import wandb
+    except ImportError:
+        raise RuntimeError("W&B logging was asked for but wandb is not installed: pip install wandb") from None
+    return wandb.init(project=project, config=dict(config or {}), dir=str(run_dir))

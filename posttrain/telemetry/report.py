@@ -1,0 +1,106 @@
+"""The end-of-run report: curves from ``metrics.jsonl`` and a table of sample completions.
+
+``report.html`` sits in the run directory beside one PNG per metric group (``loss``,
+``reward``, ``eval`` ...), so the page opens offline in any browser and the plots can be
+pasted elsewhere. It is rebuilt from the files alone, so it can be regenerated for any run,
+finished or killed.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on servers and CI
+import matplotlib.pyplot as plt
+
+from posttrain.telemetry.metrics import read_jsonl
+
+SKIP_KEYS = {"step"}
+
+
+def metric_series(records: list[dict[str, Any]]) -> dict[str, tuple[list[int], list[float]]]:
+    """``{key: (steps, values)}`` for every numeric metric, in step order."""
+    series: dict[str, tuple[list[int], list[float]]] = defaultdict(lambda: ([], []))
+    for record in sorted(records, key=lambda r: r.get("step", 0)):
+        for key, value in record.items():
+            if key not in SKIP_KEYS and isinstance(value, (int, float)) and not isinstance(value, bool):
+                series[key][0].append(int(record.get("step", 0)))
+                series[key][1].append(float(value))
+    return dict(series)
+
+
+def plot_groups(series: dict[str, tuple[list[int], list[float]]], out_dir: Path) -> list[Path]:
+    """One PNG per group (the part of the key before '/'), one panel per metric."""
+    groups: dict[str, list[str]] = defaultdict(list)
+    for key in sorted(series):
+        groups[key.split("/")[0] if "/" in key else "other"].append(key)
+    written = []
+    for group, keys in sorted(groups.items()):
+        cols = min(3, len(keys))
+        rows = math.ceil(len(keys) / cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.8 * rows), squeeze=False)
+        for ax, key in zip(axes.flat, keys, strict=False):
+            steps, values = series[key]
+            ax.plot(steps, values, marker="." if len(steps) < 30 else None, linewidth=1.2)
+            ax.set_title(key, fontsize=9)
+            ax.set_xlabel("step", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.grid(alpha=0.3)
+        for ax in list(axes.flat)[len(keys) :]:
+            ax.axis("off")
+        fig.tight_layout()
+        path = out_dir / f"report_{group.replace(' ', '_')}.png"
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def write_report(run_dir: str | Path, *, title: str = "posttrain run", max_samples: int = 24) -> Path:
+    """Build ``report.html`` (and its PNGs) from the run directory's JSONL files."""
+    run_dir = Path(run_dir)
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    samples = read_jsonl(run_dir / "samples.jsonl")[-max_samples:]
+    series = metric_series(records)
+    images = plot_groups(series, run_dir)
+    last = {key: values[-1] for key, (_, values) in series.items()}
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+        "<style>body{font-family:sans-serif;margin:2em;max-width:1300px}"
+        "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;"
+        "text-align:left;vertical-align:top}td.text{font-family:monospace;white-space:pre-wrap}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        f"<p>{len(records)} logged steps; run directory <code>{html.escape(str(run_dir))}</code>.</p>",
+        "<h2>Final values</h2>",
+        _table([{"metric": k, "value": f"{v:.6g}"} for k, v in sorted(last.items())]),
+        "<h2>Curves</h2>",
+        *[f"<p><img src='{html.escape(p.name)}' alt='{html.escape(p.stem)}'></p>" for p in images],
+        f"<h2>Sample completions (last {len(samples)})</h2>",
+        _table(samples),
+        "</body></html>",
+    ]
+    path = run_dir / "report.html"
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return path
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "<p>(none)</p>"
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(_cell(row.get(c, "")) for c in columns) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"<td>{value:.4g}</td>"
+    css = " class='text'" if isinstance(value, str) and len(value) > 12 else ""
+    return f"<td{css}>{html.escape(str(value))}</td>"
