@@ -1,0 +1,19 @@
+"""Reward functions: rule-based checks, math answers, and how several are combined.
+
+Importing this package registers the built-ins in :data:`REWARDS`.
+"""
+
+from posttrain.rewards import math_answer, rules  # noqa: F401  (registers the built-ins)
+from posttrain.rewards.compose import RewardFunctionError, RewardResult, RewardSet
+from posttrain.rewards.registry import REWARDS, NamedReward, RewardOutput, register_reward, resolve_reward
+
+__all__ = [
+    "REWARDS",
+    "NamedReward",
+    "RewardFunctionError",
+    "RewardOutput",
+    "RewardResult",
+    "RewardSet",
+    "register_reward",
+    "resolve_reward",
+]

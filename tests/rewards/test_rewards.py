@@ -1,0 +1,162 @@
+"""The reward interface (TRL signature, columns, None, async, weights) and the built-in rules."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from posttrain.rewards import REWARDS, RewardFunctionError, RewardOutput, RewardSet, resolve_reward
+from posttrain.rewards.math_answer import answers_match, extract_answer
+
+
+def score(specs, prompts, completions, **columns):
+    rewards = RewardSet([resolve_reward(s) if not isinstance(s, tuple) else resolve_reward(*s) for s in specs])
+    ids = [[ord(ch) for ch in c] if isinstance(c, str) else [1] for c in completions]
+    return rewards.score(prompts, completions, ids, columns)
+
+
+def test_reverse_is_the_seeds_check():
+    prompts = ["Reverse the name: sean. Answer:"] * 3
+    result = score(["reverse"], prompts, [" naes.", " naes. junk", " nae."])
+    assert result.scores.tolist() == [1.0, 1.0, 0.0]
+
+
+def test_weights_none_and_components_are_kept():
+    def half(prompts, completions, completion_ids, **_):
+        return [0.5, None, None]
+
+    def other(prompts, completions, completion_ids, **_):
+        return [1.0, 2.0, None]
+
+    result = score([(half, 2.0), (other, 1.0)], ["p"] * 3, ["a", "b", "c"])
+    assert result.names == ["half", "other"]
+    assert result.components[1, 0].isnan() and result.components[1, 1] == 2.0
+    # Σ w·r over present components; a sample with none present is NaN (masked), never 0
+    assert result.scores[:2].tolist() == [2.0 * 0.5 + 1.0, 2.0] and result.scores[2].isnan()
+    assert result.metrics["reward/half/none_fraction"] == pytest.approx(2 / 3)
+
+
+def test_every_dataset_column_reaches_the_function_and_extra_metrics_are_logged():
+    seen = {}
+
+    def spy(prompts, completions, completion_ids, **columns):
+        seen.update(columns, completion_ids=completion_ids)
+        return RewardOutput([1.0, 0.0], metrics={"parsed": 0.5})
+
+    result = score([spy], ["p", "q"], ["x", "y"], answer=["1", "2"], difficulty=[3, 4])
+    assert seen["answer"] == ["1", "2"] and seen["difficulty"] == [3, 4] and seen["completion_ids"] == [[120], [121]]
+    assert result.metrics["reward/spy/parsed"] == 0.5
+
+
+def test_async_functions_are_awaited_concurrently():
+    async def slow_a(prompts, completions, completion_ids, **_):
+        await asyncio.sleep(0.3)
+        return [1.0] * len(completions)
+
+    async def slow_b(prompts, completions, completion_ids, **_):
+        await asyncio.sleep(0.3)
+        return [2.0] * len(completions)
+
+    def slow_sync(prompts, completions, completion_ids, **_):
+        time.sleep(0.3)
+        return [3.0] * len(completions)
+
+    start = time.perf_counter()
+    result = score([slow_a, slow_b, slow_sync], ["p"], ["c"])
+    assert time.perf_counter() - start < 0.75  # serial would take 0.9 s
+    assert result.scores.tolist() == [6.0]
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (lambda prompts, completions, completion_ids, **_: 1 / 0, "raised ZeroDivisionError"),
+        (lambda prompts, completions, completion_ids, **_: [1.0], "returned 1 values for 2 completions"),
+        (lambda prompts, completions, completion_ids, **_: ["yes", 1.0], "returned 'yes' for completion 0"),
+        (lambda prompts, completions, completion_ids, **_: None, "must return a list"),
+    ],
+)
+def test_broken_reward_functions_are_named(bad, message):
+    with pytest.raises(RewardFunctionError, match=message) as error:
+        score([bad], ["p", "q"], ["x", "y"])
+    assert "'<lambda>'" in str(error.value)
+
+
+def test_user_function_by_dotted_path_from_the_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "myrewards.py").write_text(
+        textwrap.dedent(
+            """
+            def shout(prompts, completions, completion_ids, **columns):
+                return [float(c.isupper()) for c in completions]
+            """
+        )
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "myrewards", raising=False)
+    assert score(["myrewards:shout"], ["p", "p"], ["HI", "hi"]).scores.tolist() == [1.0, 0.0]
+    with pytest.raises(ValueError, match="has no attribute 'whisper'"):
+        resolve_reward("myrewards:whisper")
+    with pytest.raises(ValueError, match="cannot import module 'nowhere'"):
+        resolve_reward("nowhere:fn")
+
+
+def test_unknown_builtin_and_bad_options_are_explained():
+    with pytest.raises(KeyError, match=r"valid names: .*exact_match.*format.*math"):
+        resolve_reward("maths")
+    with pytest.raises(ValueError, match="takes no options"):
+        resolve_reward({"name": "math", "tolerance": 1})
+    with pytest.raises(ValueError, match="bad options"):
+        resolve_reward({"name": "line_count", "lines": 5})
+    assert {"exact_match", "reverse", "format", "math", "line_count", "length", "overlong"} <= set(REWARDS)
+
+
+def test_format_reward():
+    completions = [
+        "<think> 3 + 5 = 8 </think><answer> 8 </answer>",
+        " 3 + 5 = 8 </think> <answer>8</answer>",  # the prompt opened the think block
+        "<answer> 8 </answer>",
+        "<think> x </think><answer> 8 </answer> and more",
+    ]
+    prompts = ["User: q. Assistant:", "User: q. Assistant: <think>", "p", "p"]
+    assert score(["format"], prompts, completions).scores.tolist() == [1.0, 1.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("<think> 3 + 5 = 8 </think><answer> 8 </answer>", "8"),
+        ("so \\boxed{\\frac{1}{2}} is it", "\\frac{1}{2}"),
+        ("first 3 then 1,250 apples", "1,250"),
+        ("no answer here", None),
+        ("<answer>7</answer> but later \\boxed{9}", "7"),
+    ],
+)
+def test_answer_extraction(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_math_answers_compare_by_value():
+    assert answers_match("1,250", "1250") and answers_match("8.0", "8") and not answers_match("7", "8")
+    assert answers_match("\\frac{1}{2}", "0.5") and answers_match("2/4", "\\frac{1}{2}")
+    completions = ["<think>3+5</think><answer> 8 </answer>", "<answer>9</answer>", "I give up", "\\boxed{8}"]
+    result = score(["math"], ["p"] * 4, completions, answer=["8"] * 4)
+    assert result.scores.tolist() == [1.0, 0.0, 0.0, 1.0]
+    with pytest.raises(RewardFunctionError, match="needs a ground-truth column"):
+        score(["math"], ["p"], ["8"], question=["q"])
+
+
+def test_line_count_length_and_overlong():
+    poem = "roses\nare red\n\nviolets\nare blue\nend"
+    assert score([{"name": "line_count", "target": 5}], ["p"], [poem]).scores.tolist() == [0.0]
+    assert score(["line_count"], ["p"], ["one line"], target_lines=[3]).scores.tolist() == [-2.0]
+    assert score([{"name": "length", "target": 4}], ["p"], ["abcdef"]).scores.tolist() == [-0.5]
+    overlong = {"name": "overlong", "max_length": 10, "cache_length": 4}
+    result = score([overlong], ["p"] * 3, ["a" * 5, "a" * 8, "a" * 10])  # lengths in tokens
+    assert torch.allclose(result.scores, torch.tensor([0.0, -0.5, -1.0]))
+    assert not math.isnan(result.metrics["reward/overlong/mean"])
