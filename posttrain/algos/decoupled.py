@@ -5,14 +5,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posttrain.algos.masked import aggregate_loss, masked_mean
+from posttrain.algos.masked import masked_mean
 from posttrain.algos.policy_losses import Metrics, _ratio, clipped_surrogate
 from posttrain.algos.registry import register_policy_loss
 
 BEHAVIOUR_WEIGHT_MODES = ("mask", "clamp", "none")
 
 
-@register_policy_loss("decoupled_ppo")
+@register_policy_loss("decoupled_ppo", agg_mode="token-mean")
 def decoupled_ppo(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -28,10 +28,6 @@ def decoupled_ppo(
     weight_floor: float | None = None,
     weight_level: str = "token",
     log_ratio_clamp: float | None = 20.0,
-    agg_mode: str = "token-mean",
-    num_tokens: float | Tensor | None = None,
-    num_seqs: float | Tensor | None = None,
-    norm_constant: float | None = None,
 ) -> tuple[Tensor, Metrics]:
     """Decoupled PPO: a trust region around π_prox, corrected for the stale behaviour policy.
 
@@ -82,9 +78,6 @@ def decoupled_ppo(
             kept &= weight >= weight_floor
     # masked-out tokens contribute 0 to the sum but still count in the denominator
     per_token = torch.where(kept, per_token * weight, torch.zeros_like(per_token))
-    loss = aggregate_loss(
-        per_token, response_mask, agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant
-    )
     with torch.no_grad():
         metrics = {
             "clip_fraction": masked_mean(clipped.to(logprobs.dtype), response_mask),
@@ -94,4 +87,4 @@ def decoupled_ppo(
             "behaviour_masked_fraction": masked_mean((~kept).to(logprobs.dtype), response_mask),
             "behaviour_weight_mean": masked_mean(weight, response_mask),
         }
-    return loss, metrics
+    return per_token, metrics

@@ -2,10 +2,12 @@
 
 Every loss takes ``logprobs`` (ℓ, current policy, differentiable), ``old_logprobs`` (ℓ_old,
 the policy that produced the data; for ``decoupled_ppo`` the behaviour policy),
-``advantages`` and ``response_mask``, all ``[B, T]``, and returns ``(loss, metrics)``:
-a scalar to minimise and detached scalars including ``clip_fraction`` and ``approx_kl``.
-The aggregation options (``agg_mode``, ``num_tokens``, ``num_seqs``, ``norm_constant``) are
-those of :func:`posttrain.algos.masked.aggregate_loss`.
+``advantages`` and ``response_mask``, all ``[B, T]``. The functions below compute the
+per-token loss L ``[B, T]`` and detached diagnostics (``clip_fraction``, ``approx_kl``, ...);
+registration wraps each one so that ``POLICY_LOSSES[name](...)`` returns ``(loss, metrics)``
+with L aggregated by ``agg_mode`` (default: the paper's mode, given at registration) and the
+``num_tokens`` / ``num_seqs`` / ``norm_constant`` options of
+:func:`posttrain.algos.masked.aggregate_loss`.
 
 Log-ratio clamp (ALGORITHMS.md §10.9): ℓ − ℓ_old is clamped to ±20 before ``exp`` (verl,
 OpenRLHF) so one wild token cannot overflow; ``log_ratio_clamp=None`` removes it (TRL).
@@ -16,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posttrain.algos.masked import aggregate_loss, masked_mean
+from posttrain.algos.masked import masked_mean
 from posttrain.algos.registry import register_policy_loss
 
 Metrics = dict[str, Tensor]
@@ -59,7 +61,7 @@ def clipped_surrogate(
     return loss, clipped, dual_clipped
 
 
-@register_policy_loss("ppo_clip")
+@register_policy_loss("ppo_clip", agg_mode="token-mean")
 def ppo_clip(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -72,10 +74,6 @@ def ppo_clip(
     ratio_cap: float | None = None,
     weights: Tensor | None = None,
     log_ratio_clamp: float | None = 20.0,
-    agg_mode: str = "token-mean",
-    num_tokens: float | Tensor | None = None,
-    num_seqs: float | Tensor | None = None,
-    norm_constant: float | None = None,
 ) -> tuple[Tensor, Metrics]:
     """PPO clipped surrogate with clip-higher, dual clip and optional IS weights.
 
@@ -97,12 +95,9 @@ def ppo_clip(
     per_token, clipped, dual_clipped = clipped_surrogate(ratio, advantages, clip_low, clip_high, clip_c)
     if weights is not None:
         per_token = per_token * weights.detach()
-    loss = aggregate_loss(
-        per_token, response_mask, agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant
-    )
     metrics = _diagnostics(logprobs, old_logprobs, response_mask, clipped)
     metrics["dual_clip_fraction"] = masked_mean(dual_clipped.to(logprobs.dtype), response_mask)
-    return loss, metrics
+    return per_token, metrics
 
 
 def _sequence_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
@@ -110,7 +105,7 @@ def _sequence_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) ->
     return masked_mean(logprobs - old_logprobs, mask, dim=-1)
 
 
-@register_policy_loss("gspo")
+@register_policy_loss("gspo", agg_mode="seq-mean-token-mean")
 def gspo(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -120,10 +115,6 @@ def gspo(
     clip_low: float = 3e-4,
     clip_high: float | None = 4e-4,
     log_ratio_max: float | None = 10.0,
-    agg_mode: str = "seq-mean-token-mean",
-    num_tokens: float | Tensor | None = None,
-    num_seqs: float | Tensor | None = None,
-    norm_constant: float | None = None,
 ) -> tuple[Tensor, Metrics]:
     """GSPO: clip a length-normalised *sequence* ratio instead of per-token ratios.
 
@@ -142,14 +133,11 @@ def gspo(
     seq_adv = masked_mean(advantages, response_mask, dim=-1)
     per_seq, clipped, _ = clipped_surrogate(torch.exp(log_s), seq_adv, clip_low, clip_high, None)
     per_token = per_seq.unsqueeze(-1).expand_as(logprobs)
-    loss = aggregate_loss(
-        per_token, response_mask, agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant
-    )
     clipped_tokens = clipped.unsqueeze(-1).expand_as(logprobs)
-    return loss, _diagnostics(logprobs, old_logprobs, response_mask, clipped_tokens)
+    return per_token, _diagnostics(logprobs, old_logprobs, response_mask, clipped_tokens)
 
 
-@register_policy_loss("gspo_token")
+@register_policy_loss("gspo_token", agg_mode="seq-mean-token-mean")
 def gspo_token(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -159,10 +147,6 @@ def gspo_token(
     clip_low: float = 3e-4,
     clip_high: float | None = 4e-4,
     log_ratio_max: float | None = 10.0,
-    agg_mode: str = "seq-mean-token-mean",
-    num_tokens: float | Tensor | None = None,
-    num_seqs: float | Tensor | None = None,
-    norm_constant: float | None = None,
 ) -> tuple[Tensor, Metrics]:
     """GSPO-token: the sequence ratio's value with a per-token gradient, for per-token advantages.
 
@@ -178,13 +162,10 @@ def gspo_token(
         log_s = log_s.clamp(max=log_ratio_max)
     log_s_token = log_s.detach().unsqueeze(-1) + logprobs - logprobs.detach()
     per_token, clipped, _ = clipped_surrogate(torch.exp(log_s_token), advantages, clip_low, clip_high, None)
-    loss = aggregate_loss(
-        per_token, response_mask, agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant
-    )
-    return loss, _diagnostics(logprobs, old_logprobs, response_mask, clipped)
+    return per_token, _diagnostics(logprobs, old_logprobs, response_mask, clipped)
 
 
-@register_policy_loss("cispo")
+@register_policy_loss("cispo", agg_mode="token-mean")
 def cispo(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -194,10 +175,6 @@ def cispo(
     ratio_min: float | None = None,
     ratio_max: float | None = 5.0,
     log_ratio_clamp: float | None = 20.0,
-    agg_mode: str = "token-mean",
-    num_tokens: float | Tensor | None = None,
-    num_seqs: float | Tensor | None = None,
-    norm_constant: float | None = None,
 ) -> tuple[Tensor, Metrics]:
     """CISPO: clip the importance weight, keep every token's gradient.
 
@@ -214,13 +191,10 @@ def cispo(
     unbounded = ratio_min is None and ratio_max is None
     weight = ratio if unbounded else ratio.clamp(min=ratio_min, max=ratio_max)
     per_token = -weight * advantages * logprobs
-    loss = aggregate_loss(
-        per_token, response_mask, agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant
-    )
-    return loss, _diagnostics(logprobs, old_logprobs, response_mask, weight != ratio)
+    return per_token, _diagnostics(logprobs, old_logprobs, response_mask, weight != ratio)
 
 
-@register_policy_loss("sapo")
+@register_policy_loss("sapo", agg_mode="seq-mean-token-mean")
 def sapo(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -230,10 +204,6 @@ def sapo(
     tau_pos: float = 1.0,
     tau_neg: float = 1.05,
     log_ratio_clamp: float | None = 20.0,
-    agg_mode: str = "seq-mean-token-mean",
-    num_tokens: float | Tensor | None = None,
-    num_seqs: float | Tensor | None = None,
-    norm_constant: float | None = None,
 ) -> tuple[Tensor, Metrics]:
     """SAPO: a smooth gate on the ratio instead of a hard clip.
 
@@ -249,16 +219,13 @@ def sapo(
     tau = torch.where(advantages > 0, torch.full_like(advantages, tau_pos), torch.full_like(advantages, tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1.0))
     per_token = -(4.0 / tau) * gate * advantages
-    loss = aggregate_loss(
-        per_token, response_mask, agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant
-    )
     slope = (4.0 * gate * (1.0 - gate)).detach()
     metrics = _diagnostics(logprobs, old_logprobs, response_mask, slope < 0.5)
     metrics["gate_mean"] = masked_mean(slope, response_mask)
-    return loss, metrics
+    return per_token, metrics
 
 
-@register_policy_loss("pg")
+@register_policy_loss("pg", agg_mode="token-mean")
 def pg(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -266,10 +233,6 @@ def pg(
     response_mask: Tensor,
     *,
     weights: Tensor | None = None,
-    agg_mode: str = "token-mean",
-    num_tokens: float | Tensor | None = None,
-    num_seqs: float | Tensor | None = None,
-    norm_constant: float | None = None,
 ) -> tuple[Tensor, Metrics]:
     """Plain policy gradient (REINFORCE, GPG): L_t = −A_t·ℓ_t, optionally × sg(w_t).
 
@@ -281,7 +244,6 @@ def pg(
     per_token = -advantages * logprobs
     if weights is not None:
         per_token = per_token * weights.detach()
-    loss = aggregate_loss(
-        per_token, response_mask, agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant
+    return per_token, _diagnostics(
+        logprobs, old_logprobs, response_mask, torch.zeros_like(response_mask, dtype=torch.bool)
     )
-    return loss, _diagnostics(logprobs, old_logprobs, response_mask, torch.zeros_like(response_mask, dtype=torch.bool))

@@ -14,6 +14,8 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+from posttrain.algos.masked import aggregate_loss
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -104,5 +106,49 @@ PREFERENCE_LOSSES = Registry("preference loss type")
 """DPO-family losses on the reference-corrected log-ratio margin (see ``preference.py``)."""
 
 register_advantage = ADVANTAGE_ESTIMATORS.register
-register_policy_loss = POLICY_LOSSES.register
 register_preference_loss = PREFERENCE_LOSSES.register
+
+
+def register_policy_loss(name: str, agg_mode: str = "token-mean") -> Callable[[F], F]:
+    """Register a per-token loss ``fn(...) -> (L [B, T], metrics)`` under ``name``.
+
+    The registered callable returns ``(aggregate_loss(L, response_mask, agg_mode), metrics)``
+    and accepts ``agg_mode`` (default: the one given here, the paper's) plus the
+    ``num_tokens`` / ``num_seqs`` / ``norm_constant`` options, so aggregation is one switch
+    for every loss instead of a copy inside each. The per-token function stays reachable as
+    ``POLICY_LOSSES[name].per_token``.
+    """
+
+    def decorator(per_token_fn: F) -> F:
+        POLICY_LOSSES.register(name)(_aggregated(per_token_fn, agg_mode))
+        return per_token_fn
+
+    return decorator
+
+
+def _aggregated(per_token_fn: Callable[..., Any], default_mode: str) -> Callable[..., Any]:
+    signature = inspect.signature(per_token_fn)
+    unused = POLICY_LOSSES.standard_inputs - set(signature.parameters)
+
+    @functools.wraps(per_token_fn)
+    def loss_fn(
+        *args: Any,
+        agg_mode: str = default_mode,
+        num_tokens: Any = None,
+        num_seqs: Any = None,
+        norm_constant: float | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        for key in unused & kwargs.keys():
+            del kwargs[key]
+        bound = signature.bind(*args, **kwargs)
+        per_token, metrics = per_token_fn(*bound.args, **bound.kwargs)
+        mask = bound.arguments["response_mask"]
+        loss = aggregate_loss(
+            per_token, mask, agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant
+        )
+        return loss, metrics
+
+    loss_fn.per_token = per_token_fn  # type: ignore[attr-defined]
+    loss_fn.default_agg_mode = default_mode  # type: ignore[attr-defined]
+    return loss_fn

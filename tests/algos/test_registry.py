@@ -120,3 +120,22 @@ def test_public_signatures_of_design_md_hold():
         reward_components=None,
     )
     assert advantages.shape == returns.shape == (1, 2)
+
+
+def test_losses_aggregate_with_their_papers_mode_by_default():
+    assert {name: fn.default_agg_mode for name, fn in POLICY_LOSSES.items()} == {
+        "ppo_clip": "token-mean",
+        "gspo": "seq-mean-token-mean",
+        "gspo_token": "seq-mean-token-mean",
+        "cispo": "token-mean",
+        "sapo": "seq-mean-token-mean",
+        "pg": "token-mean",
+        "decoupled_ppo": "token-mean",
+    }
+    logprobs = torch.tensor([[-1.0, -2.0, -3.0], [-1.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    advantages = torch.ones(2, 3)
+    per_token, _ = POLICY_LOSSES["pg"].per_token(logprobs, logprobs, advantages, mask)
+    assert per_token.tolist() == [[1.0, 2.0, 3.0], [1.0, 0.0, 0.0]]
+    loss, _ = POLICY_LOSSES["pg"](logprobs, logprobs, advantages, mask, agg_mode="seq-mean-token-sum")
+    assert loss.item() == (6.0 + 1.0) / 2
