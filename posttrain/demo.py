@@ -9,17 +9,15 @@ model and tokenizer).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 import posttrain
@@ -27,6 +25,7 @@ from posttrain.data.tasks.reverse import MANUAL_NAMES, make_rows, parse_answer, 
 from posttrain.evaluate import EvalResult, evaluate
 from posttrain.models.tiny import build_tiny_causal_lm
 from posttrain.models.tokenizers import build_char_tokenizer
+from posttrain.train.checkpoint import quiet_progress_bars
 from posttrain.train.sft import SFTConfig, train_sft
 
 
@@ -52,18 +51,6 @@ class DemoConfig:
 def available_cores() -> int:
     """Cores this process may use (respects CPU affinity, unlike os.cpu_count)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-@contextlib.contextmanager
-def _quiet_progress_bars() -> Iterator[None]:
-    """transformers draws a bar for each one-shard save; it only clutters the demo's log."""
-    enabled = transformers.utils.logging.is_progress_bar_enabled()
-    transformers.utils.logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if enabled:
-            transformers.utils.logging.enable_progress_bar()
 
 
 def _write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
@@ -127,7 +114,7 @@ def _save_outputs(out: Path, model: PreTrainedModel, tokenizer: PreTrainedTokeni
         for sample in result.samples
     ]
     _write_jsonl(out / "samples.jsonl", samples)
-    with _quiet_progress_bars():
+    with quiet_progress_bars():
         model.save_pretrained(out / "final")
     tokenizer.save_pretrained(out / "final")
 

@@ -16,12 +16,14 @@ run directory at once.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import random
 import re
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +66,21 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+@contextlib.contextmanager
+def quiet_progress_bars() -> Iterator[None]:
+    """transformers draws a progress bar for every one-shard save; in a training log they are
+    noise between the lines that matter."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
 def save_checkpoint(
     output_dir: str | Path,
     step: int,
@@ -87,7 +104,8 @@ def save_checkpoint(
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     try:
-        model.save_pretrained(staging, safe_serialization=True)
+        with quiet_progress_bars():
+            model.save_pretrained(staging, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
         torch.save({"step": step, "rng": capture_rng_state(), **(training_state or {})}, staging / STATE_FILE)
@@ -183,6 +201,33 @@ def load_training_state(path: str | Path, *, restore_rng: bool = True) -> dict[s
     if restore_rng:
         restore_rng_state(state["rng"])
     return state
+
+
+def load_weights_into(model: Any, path: str | Path) -> None:
+    """Copy a verified checkpoint's safetensors weights into ``model`` in place.
+
+    Used on resume, where the optimizer already holds references to the model's parameters,
+    so the module must be updated rather than rebuilt. Keys a save left out because they are
+    tied to another parameter (e.g. lm_head ↔ embeddings) are accepted; any other missing or
+    unexpected key is an error naming the checkpoint.
+    """
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    verify_checkpoint(path)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{path} holds no *.safetensors weights")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(file))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    loaded_storage = {p.data_ptr() for name, p in model.state_dict().items() if name in state}
+    untied = [name for name in missing if model.state_dict()[name].data_ptr() not in loaded_storage]
+    if untied or unexpected:
+        raise CheckpointError(
+            f"{path} does not match the model: missing {untied[:5]}, unexpected {list(unexpected)[:5]}"
+        )
 
 
 def _write_manifest(folder: Path, step: int) -> None:

@@ -74,6 +74,36 @@ def sft_batch_loss(model: PreTrainedModel, batch: Mapping[str, Tensor]) -> Tenso
     return sft_loss(logprobs, batch["loss_mask"][:, 1:], agg_mode="token-mean")
 
 
+class SFTObjective:
+    """Negative log-likelihood of completion tokens, as an objective of the offline loop.
+
+    Examples are ``(input_ids, loss_mask)`` from :func:`encode_row`. The loss of a
+    micro-batch is the sum of its completion-token NLLs divided by the completion tokens of
+    the whole optimizer step, i.e. ``token-mean`` over the step however it is split into
+    micro-batches (ALGORITHMS.md §1.2, note on gradient accumulation).
+    """
+
+    loss_name = "loss/sft"
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.model, self.tokenizer = model, tokenizer
+
+    def encode(self, row: Mapping[str, str]) -> Example:
+        return encode_row(self.tokenizer, row["prompt"], row["completion"])
+
+    def units(self, examples: Sequence[Example]) -> float:
+        # position 0 is never a target (nothing predicts it), matching the shift in the loss
+        return float(sum(sum(mask[1:]) for _, mask in examples))
+
+    def loss(self, examples: Sequence[Example], step_units: float) -> tuple[Tensor, dict[str, float]]:
+        device = next(self.model.parameters()).device
+        batch = {k: v.to(device) for k, v in collate(examples, self.tokenizer.pad_token_id).items()}
+        logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        logprobs = token_logprobs(logits[:, :-1], batch["input_ids"][:, 1:])
+        mask = batch["loss_mask"][:, 1:]
+        return sft_loss(logprobs, mask, agg_mode="token-mean", num_tokens=step_units), {}
+
+
 def _batches(n: int, batch_size: int, generator: torch.Generator) -> Iterator[list[int]]:
     """Index batches forever; a fresh permutation per pass, the short remainder dropped so
     every step sees `batch_size` rows."""

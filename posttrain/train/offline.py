@@ -1,0 +1,238 @@
+"""The one offline training loop: SFT, reward models and the DPO family are objectives of it.
+
+An :class:`Objective` turns rows into examples and a micro-batch of examples into a loss;
+the loop owns everything else — seeded data order, gradient accumulation, clipping, the
+learning-rate schedule, NaN checks, metrics, checkpoints and exact resume — so each
+objective is a page of maths instead of a trainer.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import torch
+from pydantic import Field
+from torch import Tensor, nn
+
+from posttrain.config import Section
+from posttrain.telemetry import MetricsLogger, Progress
+from posttrain.train.checkpoint import (
+    latest_checkpoint,
+    load_training_state,
+    load_weights_into,
+    quiet_progress_bars,
+    save_checkpoint,
+)
+from posttrain.train.sampler import EpochSampler
+from posttrain.train.schedule import lr_multiplier
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradient became NaN/inf; the message says where and what to try."""
+
+
+class LoopConfig(Section):
+    """Options of the offline loop shared by ``sft``, ``rm`` and ``dpo``."""
+
+    steps: int = Field(300, ge=1)
+    """Optimizer steps."""
+    batch_size: int = Field(32, ge=1)
+    """Rows per optimizer step (all micro-batches together)."""
+    gradient_accumulation: int = Field(1, ge=1)
+    """Micro-batches per step; batch_size must be a multiple. The loss is normalised over the
+    whole step, so results do not depend on this (up to float rounding)."""
+    learning_rate: float = Field(1e-3, gt=0)
+    """Peak AdamW learning rate."""
+    lr_scheduler: Literal["constant_with_warmup", "cosine", "linear"] = "constant_with_warmup"
+    """Shape after warm-up. Constant by default: SFT before RL stops part-way on purpose, and a
+    rate annealed to 0 there leaves a flat policy that RL gets no signal from."""
+    warmup_steps: int = Field(20, ge=0)
+    """Linear warm-up steps."""
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    """Final rate of cosine/linear schedules as a fraction of the peak."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW decoupled weight decay."""
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW β₁, β₂."""
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    """Clip the global gradient norm to this; null turns clipping off."""
+    seed: int = 0
+    """Seeds the data order, the initial weights of models built here, and sampling."""
+    output_dir: str = "runs/train"
+    """Run directory: config.yaml, metrics.jsonl, checkpoints/, final/, report.html."""
+    save_every: int = Field(0, ge=0)
+    """Checkpoint every this many steps (0: only at the end)."""
+    keep_last: int = Field(2, ge=1)
+    """Complete checkpoints kept; the newest is never deleted."""
+    eval_every: int = Field(0, ge=0)
+    """Evaluate every this many steps (0: only before and after training)."""
+    log_every: int = Field(10, ge=1)
+    """Print a progress line every this many steps when not on a terminal."""
+    resume: str = "none"
+    """"auto" continues from the newest complete checkpoint in output_dir (a fresh start if
+    there is none), a path continues from that checkpoint, "none" starts over."""
+
+
+class Objective(Protocol):
+    """What the loop needs from SFT, reward-model or DPO training."""
+
+    model: nn.Module
+    """The trained module; checkpoints save it with ``save_pretrained``."""
+    tokenizer: Any
+    loss_name: str
+    """Metric name of the step loss, e.g. ``loss/sft``."""
+
+    def units(self, examples: Sequence[Any]) -> float:
+        """How many items (tokens, pairs) these examples contribute to the step's mean."""
+        ...
+
+    def loss(self, examples: Sequence[Any], step_units: float) -> tuple[Tensor, dict[str, float]]:
+        """Loss of a micro-batch, normalised by the whole step's ``step_units`` so that the
+        micro-batch losses sum to the step's mean; plus extra metrics, averaged over the
+        micro-batches of the step."""
+        ...
+
+
+EvalFn = Callable[[], Mapping[str, float]]
+
+
+def train_offline(
+    objective: Objective,
+    examples: Sequence[Any],
+    config: LoopConfig,
+    *,
+    evaluate: EvalFn | None = None,
+    config_yaml: str | None = None,
+    progress_keys: Sequence[str] = (),
+    label: str = "train",
+) -> list[dict[str, float]]:
+    """Train ``objective.model`` on ``examples``; returns the per-step metrics."""
+    if config.batch_size % config.gradient_accumulation:
+        raise ValueError(
+            f"batch_size ({config.batch_size}) must be a multiple of gradient_accumulation "
+            f"({config.gradient_accumulation})"
+        )
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if config_yaml is not None:
+        (out / "config.yaml").write_text(config_yaml, encoding="utf-8")
+    model = objective.model
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        params, lr=config.learning_rate, betas=config.adam_betas, weight_decay=config.weight_decay
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_multiplier(config.lr_scheduler, config.warmup_steps, config.steps, config.min_lr_ratio)
+    )
+    sampler = EpochSampler(len(examples), config.batch_size, config.seed)
+    start_step = _maybe_resume(config, model, optimizer, scheduler, sampler)
+
+    history: list[dict[str, float]] = []
+    logger = MetricsLogger(out, resume_step=start_step if start_step else None)
+    progress = Progress(config.steps, keys=progress_keys, every=config.log_every, label=label, start=start_step)
+    try:
+        if evaluate is not None and start_step == 0:
+            logger.log(0, {f"eval/{k}": v for k, v in evaluate().items()})
+        model.train()
+        started = time.perf_counter()
+        for step in range(start_step + 1, config.steps + 1):
+            metrics = _train_step(objective, examples, sampler, optimizer, params, config, step)
+            metrics["lr"] = scheduler.get_last_lr()[0]
+            scheduler.step()
+            metrics["time/elapsed_s"] = time.perf_counter() - started
+            if evaluate is not None and config.eval_every and step % config.eval_every == 0 and step < config.steps:
+                metrics.update({f"eval/{k}": v for k, v in evaluate().items()})
+                model.train()
+            logger.log(step, metrics)
+            history.append({"step": step, **metrics})
+            progress.update(step, metrics)
+            if (config.save_every and step % config.save_every == 0) or step == config.steps:
+                save_checkpoint(
+                    out,
+                    step,
+                    model=model,
+                    tokenizer=objective.tokenizer,
+                    config_yaml=config_yaml,
+                    keep_last=config.keep_last,
+                    training_state={
+                        "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(),
+                        "sampler": sampler.state_dict(),
+                    },
+                )
+        if evaluate is not None:
+            final_eval = {f"eval/{k}": v for k, v in evaluate().items()}
+            logger.log(config.steps, final_eval)
+            if history:
+                history[-1].update(final_eval)
+        with quiet_progress_bars():
+            model.save_pretrained(out / "final")
+        if objective.tokenizer is not None:
+            objective.tokenizer.save_pretrained(out / "final")
+    finally:
+        progress.close()
+        logger.close()
+    return history
+
+
+def _train_step(
+    objective: Objective,
+    examples: Sequence[Any],
+    sampler: EpochSampler,
+    optimizer: torch.optim.Optimizer,
+    params: list[nn.Parameter],
+    config: LoopConfig,
+    step: int,
+) -> dict[str, float]:
+    rows = [examples[i] for i in sampler.next_batch()]
+    micro = config.batch_size // config.gradient_accumulation
+    chunks = [rows[i : i + micro] for i in range(0, len(rows), micro)]
+    step_units = sum(objective.units(chunk) for chunk in chunks)
+    optimizer.zero_grad(set_to_none=True)
+    totals: dict[str, float] = {objective.loss_name: 0.0}
+    for chunk in chunks:
+        loss, metrics = objective.loss(chunk, step_units)
+        if not torch.isfinite(loss):
+            raise TrainingDiverged(
+                f"step {step}: the loss is {loss.item()}; the last complete checkpoint is kept. "
+                f"Lower learning_rate (now {config.learning_rate:g}) or check the data of this batch."
+            )
+        loss.backward()
+        totals[objective.loss_name] += loss.item()  # micro-batch losses sum to the step mean
+        for key, value in metrics.items():
+            totals[key] = totals.get(key, 0.0) + float(value) / len(chunks)
+    max_norm = config.max_grad_norm if config.max_grad_norm is not None else math.inf
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    if not math.isfinite(grad_norm):
+        raise TrainingDiverged(f"step {step}: the gradient norm is {grad_norm}; lower learning_rate")
+    optimizer.step()
+    return {**totals, "grad_norm": grad_norm}
+
+
+def _maybe_resume(
+    config: LoopConfig,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    sampler: EpochSampler,
+) -> int:
+    """Restore everything from the chosen checkpoint; return its step (0 for a fresh start)."""
+    if config.resume == "none":
+        torch.manual_seed(config.seed)
+        return 0
+    checkpoint = latest_checkpoint(config.output_dir) if config.resume == "auto" else None
+    path = checkpoint.path if checkpoint else (None if config.resume == "auto" else Path(config.resume))
+    if path is None:
+        torch.manual_seed(config.seed)
+        return 0
+    load_weights_into(model, path)
+    state = load_training_state(path)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    sampler.load_state_dict(state["sampler"])
+    print(f"[resume] continuing from {path} (step {state['step']})", flush=True)
+    return int(state["step"])
