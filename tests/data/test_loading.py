@@ -78,8 +78,9 @@ def test_bad_rows_are_reported_by_index_and_field(row, fmt, message):
         "preference": {"prompt": "p", "chosen": "a", "rejected": "b"},
         "conversational": {"messages": [{"role": "user", "content": "hi"}]},
     }[fmt]
-    with pytest.raises(DataError, match=f"data.jsonl, row 1, {message}"):
+    with pytest.raises(DataError) as error:
         validate_rows([good, row], source="data.jsonl", data_format=fmt)
+    assert str(error.value).startswith("data.jsonl, row 1, field '") and message in str(error.value)
 
 
 def test_skip_mode_counts_reasons_and_all_bad_is_an_error(tmp_path, capsys):
