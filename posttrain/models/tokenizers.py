@@ -9,14 +9,17 @@ work and every other part of posttrain treats it like any Hub tokenizer.
 from __future__ import annotations
 
 import string
+from collections.abc import Iterable
 
-from tokenizers import Tokenizer, decoders, models
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 # Every character the built-in tasks write into a prompt or a completion.
-DEFAULT_CHARSET = "".join(sorted(set(string.ascii_letters + string.digits + " .:,!?'-")))
+# Letters, digits and punctuation of the built-in tasks, plus what the R1-Zero format and
+# chat templates need: tags (<think>, </answer>), arithmetic (= + * /), brackets, newline.
+DEFAULT_CHARSET = "".join(sorted(set(string.ascii_letters + string.digits + " .:,!?'-<>/=+*()|_\n")))
 
 
 def build_char_tokenizer(charset: str | None = None) -> PreTrainedTokenizerFast:
@@ -42,5 +45,34 @@ def build_char_tokenizer(charset: str | None = None) -> PreTrainedTokenizerFast:
         unk_token=UNK,
         # transformers 4.x runs a clean-up pass by default that deletes the space before "."
         # and ","; 5.x skips it for BPE but warns. Off, so decoding returns the text exactly.
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def train_bpe_tokenizer(
+    texts: Iterable[str], vocab_size: int = 512, *, min_frequency: int = 2
+) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained here on ``texts`` — a "real" subword tokenizer for
+    tests and demos that must not depend on a downloaded one.
+
+    Special tokens ``<pad> <bos> <eos> <unk>`` get ids 0–3, as in the character tokenizer;
+    byte-level means any text encodes and decodes back exactly.
+    """
+    backend = Tokenizer(models.BPE(unk_token=UNK))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    backend.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD,
+        bos_token=BOS,
+        eos_token=EOS,
+        unk_token=UNK,
         clean_up_tokenization_spaces=False,
     )

@@ -61,3 +61,34 @@ def test_custom_charset_is_deduplicated_in_order():
     assert tokenizer("cab")["input_ids"] == [6, 4, 5]
     with pytest.raises(ValueError, match="empty"):
         build_char_tokenizer("")
+
+
+def test_bpe_tokenizer_trained_here_round_trips(tmp_path):
+    from transformers import AutoTokenizer
+
+    from posttrain.data.tasks.reverse import make_prompt, split_names
+    from posttrain.models.tokenizers import train_bpe_tokenizer
+
+    names, _ = split_names(300, 9, seed=0)
+    tokenizer = train_bpe_tokenizer([make_prompt(n) + f" {n[::-1]}." for n in names], vocab_size=300)
+    assert tokenizer.convert_ids_to_tokens([0, 1, 2, 3]) == ["<pad>", "<bos>", "<eos>", "<unk>"]
+    text = "Reverse the name: sean. Answer: naes.\nÜnïcödé 3+5=8"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) < len(text)  # merges learned: fewer tokens than characters
+    assert tokenizer.decode(ids) == text
+    tokenizer.save_pretrained(tmp_path)
+    assert AutoTokenizer.from_pretrained(tmp_path).decode(ids) == text
+
+
+def test_default_chat_template_works_for_char_and_bpe_tokenizers():
+    from posttrain.models.chat import chat_prompt_ids, ensure_chat_template, split_conversation
+
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Reverse sean."}]
+    tokenizer = ensure_chat_template(build_char_tokenizer())
+    text = tokenizer.decode(chat_prompt_ids(tokenizer, messages))
+    assert text == "<|system|>\nBe brief.<|end|>\n<|user|>\nReverse sean.<|end|>\n<|assistant|>\n"
+    assert tokenizer.unk_token_id not in chat_prompt_ids(tokenizer, messages)
+    tokenizer.chat_template = "{{ messages[0]['content'] }}"  # an existing template is kept
+    assert ensure_chat_template(tokenizer).chat_template == "{{ messages[0]['content'] }}"
+    history, answer = split_conversation([*messages, {"role": "assistant", "content": "naes"}])
+    assert history == messages and answer == "naes"

@@ -1,0 +1,39 @@
+"""Chat templates: format conversations the way the model was (or will be) trained to read them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+# A ChatML-like template with short markers (they must be encodable by the character
+# tokenizer, whose charset includes < > | and newline). `add_generation_prompt` opens the
+# assistant's turn so that generation continues as the assistant.
+DEFAULT_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def ensure_chat_template(tokenizer: Any) -> Any:
+    """Give a tokenizer without a chat template posttrain's default one; keep an existing one."""
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
+    return tokenizer
+
+
+def chat_prompt_ids(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> list[int]:
+    """Token ids of a conversation up to and including the opening of the assistant's turn."""
+    ensure_chat_template(tokenizer)
+    ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, Mapping):  # newer transformers return a BatchEncoding
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def split_conversation(messages: Sequence[Mapping[str, str]]) -> tuple[list[Mapping[str, str]], str]:
+    """(messages before the last assistant turn, that turn's text) for SFT on conversations."""
+    if not messages or messages[-1].get("role") != "assistant":
+        raise ValueError("a conversation for SFT must end with an assistant message")
+    return list(messages[:-1]), messages[-1]["content"]
