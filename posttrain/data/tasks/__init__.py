@@ -1,1 +1,44 @@
-"""Built-in tasks. Each generates its own prompt/completion rows and ships its reward."""
+"""Built-in tasks that generate their own data from a seed, by name (``data.task``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from posttrain.algos.registry import Registry
+from posttrain.data.tasks import arithmetic, preference, reverse
+
+
+@dataclass(frozen=True)
+class TaskData:
+    train: list[dict[str, Any]]
+    held_out: list[dict[str, Any]]
+    reward: str | None  # the built-in reward that scores this task (None for preference data)
+
+
+TASKS = Registry("task")
+"""name → ``fn(n_train, n_test, seed) -> TaskData``."""
+
+
+@TASKS.register("reverse")
+def _reverse(n_train: int, n_test: int, seed: int) -> TaskData:
+    train, held_out = reverse.split_names(n_train, n_test, seed=seed)
+    return TaskData(reverse.make_rows(train), reverse.make_rows(held_out), "reverse")
+
+
+@TASKS.register("arithmetic")
+def _arithmetic(n_train: int, n_test: int, seed: int) -> TaskData:
+    train, held_out = arithmetic.split_problems(n_train, n_test, seed=seed)
+    return TaskData(train, held_out, "math")
+
+
+@TASKS.register("preference")
+def _preference(n_train: int, n_test: int, seed: int) -> TaskData:
+    train, held_out = preference.split_pairs(n_train, n_test, seed=seed)
+    return TaskData(train, held_out, None)
+
+
+def get_task(name: str) -> Callable[[int, int, int], TaskData]:
+    """The task generator called ``name``; an unknown name lists the valid ones."""
+    return TASKS[name]
