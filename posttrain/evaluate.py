@@ -9,8 +9,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from posttrain.rollout.engine import build_engine
+from posttrain.rollout.types import SamplingParams
 
 RewardFn = Callable[..., list[float | None]]
 
@@ -24,7 +26,6 @@ class EvalResult:
     the row is kept as ``reference``) and its ``reward``."""
 
 
-@torch.no_grad()
 def generate_greedy(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -33,35 +34,35 @@ def generate_greedy(
     max_new_tokens: int = 12,
     batch_size: int = 256,
 ) -> tuple[list[str], list[list[int]]]:
-    """Greedy completions of `prompts`: (texts without special tokens, ids up to and incl. EOS)."""
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
+    """Greedy completions of `prompts`: (texts without special tokens, ids up to and incl. EOS).
+
+    Uses the rollout engine the RL loop samples with, so evaluation sees exactly the
+    policy that training optimises.
+    """
+    texts, ids = sample_completions(
+        model, tokenizer, prompts, SamplingParams(greedy=True, max_new_tokens=max_new_tokens), batch_size=batch_size
+    )
+    return texts, ids
+
+
+def sample_completions(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    sampling: SamplingParams,
+    *,
+    batch_size: int = 256,
+) -> tuple[list[str], list[list[int]]]:
+    """``sampling.n`` completions per prompt (prompt-major): texts and token ids."""
+    engine = build_engine(model, tokenizer)
     texts: list[str] = []
     ids: list[list[int]] = []
     for start in range(0, len(prompts), batch_size):
-        # Left padding keeps every prompt's last token at the same position, so the new
-        # tokens of all rows are appended in one column per step.
-        encoded = tokenizer(
-            list(prompts[start : start + batch_size]),
-            add_special_tokens=False,
-            padding=True,
-            padding_side="left",
-            return_tensors="pt",
-        ).to(device)
-        output = model.generate(
-            **encoded,
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-        for row in output[:, encoded["input_ids"].shape[1] :].tolist():
-            if tokenizer.eos_token_id in row:  # after EOS, generate only writes padding
-                row = row[: row.index(tokenizer.eos_token_id) + 1]
-            ids.append(row)
-            texts.append(tokenizer.decode(row, skip_special_tokens=True))
-    model.train(was_training)
+        chunk = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts[start : start + batch_size]]
+        out = engine.generate(chunk, sampling)
+        for row, length in zip(out.response_ids.tolist(), out.response_lengths.tolist(), strict=True):
+            ids.append(row[:length])
+            texts.append(tokenizer.decode(row[:length], skip_special_tokens=True))
     return texts, ids
 
 
@@ -94,3 +95,25 @@ def evaluate(
             sample["reference"] = row["completion"]
         samples.append({**sample, "reward": reward})
     return EvalResult(accuracy=sum(scored) / len(scored) if scored else float("nan"), samples=samples)
+
+
+def pass_at_k(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: Sequence[Mapping[str, Any]],
+    reward_fn: RewardFn,
+    *,
+    k: int,
+    temperature: float = 1.0,
+    max_new_tokens: int = 12,
+    seed: int = 0,
+) -> float:
+    """Share of prompts with at least one of ``k`` sampled completions scoring 1 (pass@k)."""
+    prompts = [row["prompt"] for row in rows]
+    sampling = SamplingParams(n=k, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
+    completions, completion_ids = sample_completions(model, tokenizer, prompts, sampling)
+    extra = [key for key in (rows[0] if rows else {}) if key not in ("prompt", "completion", "completion_ids")]
+    columns = {key: [row[key] for row in rows for _ in range(k)] for key in extra}
+    rewards = reward_fn([p for p in prompts for _ in range(k)], completions, completion_ids, **columns)
+    solved = [any(r == 1.0 for r in rewards[i * k : (i + 1) * k]) for i in range(len(rows))]
+    return sum(solved) / max(len(solved), 1)

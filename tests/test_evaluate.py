@@ -27,27 +27,17 @@ def test_batched_left_padded_generation_equals_one_prompt_at_a_time(model, token
         assert len(row_ids) == 6 or row_ids[-1] == tokenizer.eos_token_id
 
 
-class FixedGenerator(torch.nn.Module):
-    """Stands in for a model whose `generate` appends the same tokens to every prompt."""
-
-    def __init__(self, new_tokens):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.zeros(1))
-        self.new_tokens = new_tokens
-
-    def generate(self, input_ids, **kwargs):
-        tail = torch.tensor([self.new_tokens] * input_ids.shape[0])
-        return torch.cat([input_ids, tail], dim=1)
-
-
-def test_completion_ids_stop_at_eos_and_text_drops_special_tokens(tokenizer):
-    a, dot, eos, pad = (tokenizer.convert_tokens_to_ids(t) for t in ("a", ".", "<eos>", "<pad>"))
-    stub = FixedGenerator([a, dot, eos, pad, pad]).train()
-    texts, ids = generate_greedy(stub, tokenizer, ["x", "longer prompt"], max_new_tokens=5)
-    assert ids == [[a, dot, eos]] * 2 and texts == ["a."] * 2
-    assert stub.training  # the mode it had is given back
-    texts, ids = generate_greedy(FixedGenerator([a, a, a]), tokenizer, ["x"], max_new_tokens=3)
-    assert ids == [[a, a, a]] and texts == ["aaa"]  # no EOS: all new tokens are kept
+def test_completion_ids_stop_at_eos_and_the_mode_is_restored(tokenizer):
+    model = build_tiny_causal_lm(len(tokenizer), layers=1, hidden=32, heads=2, seed=1, tokenizer=tokenizer)
+    with torch.no_grad():  # make EOS the argmax after any token: every completion is just EOS
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[tokenizer.eos_token_id] = 1.0
+        model.model.norm.weight.fill_(1.0)
+    model.model.embed_tokens.weight.data.abs_()
+    model.train()
+    texts, ids = generate_greedy(model, tokenizer, ["x", "longer prompt"], max_new_tokens=5)
+    assert ids == [[tokenizer.eos_token_id]] * 2 and texts == ["", ""]
+    assert model.training  # the mode it had is given back
 
 
 def test_evaluate_scores_and_passes_columns_like_trl(model, tokenizer):
