@@ -4,7 +4,65 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
+from pathlib import Path
+
+TRAINING_COMMANDS = {
+    "sft": ("supervised fine-tuning (cold start) on prompt/completion or conversational data", "SFTRun", "run_sft"),
+    "rm": ("train a Bradley-Terry reward model on preference pairs", "RewardModelRun", "run_reward_model"),
+    "dpo": ("direct preference optimisation (sigmoid, ipo, hinge, robust)", "DPORun", "run_dpo"),
+}
+
+
+def preset_names() -> list[str]:
+    """The YAML presets in ./configs (a checkout of posttrain ships them there)."""
+    folder = Path("configs")
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def _train(args: argparse.Namespace) -> int:
+    from posttrain.config import ConfigError, describe, load_config
+    from posttrain.train import recipes
+
+    _, config_name, runner_name = TRAINING_COMMANDS[args.command]
+    config_cls = getattr(recipes, config_name)
+    if args.options:
+        for key, default, doc in describe(config_cls):
+            print(f"{key:<34} {default:<22} {doc}")
+        return 0
+    if args.resume is not None:
+        args.overrides.append(f"resume={args.resume}")
+    try:
+        config = load_config(config_cls, args.config, args.overrides)
+    except ConfigError as error:
+        print(f"posttrain {args.command}: {error}", file=sys.stderr)
+        return 2
+    getattr(recipes, runner_name)(config)
+    print(f"[{args.command}] done: {config.output_dir}/final (model), {config.output_dir}/report.html")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    import json
+
+    from posttrain.data.tasks import get_task
+    from posttrain.evaluate import evaluate, pass_at_k
+    from posttrain.models.loading import load_causal_lm, load_tokenizer
+    from posttrain.rewards import resolve_reward
+
+    model, tokenizer = load_causal_lm(args.model).eval(), load_tokenizer(args.model)
+    task = get_task(args.task)(1, args.n, args.seed)
+    rows = task.held_out
+    reward = resolve_reward(args.reward or task.reward).fn
+    result = evaluate(model, tokenizer, rows, reward, max_new_tokens=args.max_new_tokens)
+    report = {"task": args.task, "rows": len(rows), "greedy_accuracy": result.accuracy}
+    if args.k > 1:
+        report[f"pass@{args.k}"] = pass_at_k(
+            model, tokenizer, rows, reward, k=args.k, max_new_tokens=args.max_new_tokens, seed=args.seed
+        )
+    print(json.dumps(report))
+    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -15,11 +73,35 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    presets = ", ".join(preset_names()) or "(none found in ./configs)"
     parser = argparse.ArgumentParser(
         prog="posttrain",
         description="Post-train language models: SFT, reward models, DPO and one RL loop.",
+        epilog=f"presets in ./configs: {presets}. Example: posttrain sft --config configs/reverse_sft.yaml steps=100",
     )
     commands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND")
+    for name, (summary, _, _) in TRAINING_COMMANDS.items():
+        sub = commands.add_parser(
+            name,
+            help=summary,
+            description=f"{summary}. Options come from --config and "
+            "dotted key=value overrides; --options lists them all.",
+        )
+        sub.add_argument("--config", help="a YAML config file (e.g. configs/reverse_sft.yaml)")
+        sub.add_argument("--resume", help='"auto" (newest complete checkpoint in output_dir) or a checkpoint path')
+        sub.add_argument("--options", action="store_true", help="list every config key with its default and meaning")
+        sub.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. steps=200 model.path=runs/sft/final")
+        sub.set_defaults(handler=_train)
+
+    evaluate = commands.add_parser("eval", help="greedy accuracy and pass@k of a model folder on a built-in task")
+    evaluate.add_argument("--model", required=True, help="a local model folder (e.g. runs/sft/final)")
+    evaluate.add_argument("--task", default="reverse", help="built-in task (reverse, arithmetic)")
+    evaluate.add_argument("--reward", default=None, help="reward to score with (default: the task's)")
+    evaluate.add_argument("--n", type=int, default=500, help="held-out rows")
+    evaluate.add_argument("--k", type=int, default=1, help="also report pass@k with k samples at temperature 1")
+    evaluate.add_argument("--max-new-tokens", type=int, default=16)
+    evaluate.add_argument("--seed", type=int, default=0, help="seeds the held-out set and sampling")
+    evaluate.set_defaults(handler=_eval)
 
     demo = commands.add_parser(
         "demo",

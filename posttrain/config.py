@@ -142,7 +142,7 @@ def describe(config_cls: type[Section], prefix: str = "") -> list[tuple[str, str
     for name, field in config_cls.model_fields.items():
         key = f"{prefix}{name}"
         nested = _section_type(field.annotation)
-        if nested is not None and field.default is not None:
+        if nested is not None:
             rows.extend(describe(nested, prefix=f"{key}."))
             continue
         default = "required" if field.is_required() else repr(field.get_default(call_default_factory=True))

@@ -19,7 +19,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from posttrain.config import Section
-from posttrain.telemetry import MetricsLogger, Progress
+from posttrain.telemetry import MetricsLogger, Progress, write_report
 from posttrain.train.checkpoint import (
     latest_checkpoint,
     load_training_state,
@@ -173,6 +173,7 @@ def train_offline(
             model.save_pretrained(out / "final")
         if objective.tokenizer is not None:
             objective.tokenizer.save_pretrained(out / "final")
+        write_report(out, title=f"posttrain {label}: {out.name}")
     finally:
         progress.close()
         logger.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -88,7 +89,19 @@ class SFTObjective:
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
         self.model, self.tokenizer = model, tokenizer
 
-    def encode(self, row: Mapping[str, str]) -> Example:
+    def encode(self, row: Mapping[str, Any]) -> Example:
+        """Prompt/completion rows, or conversations (``messages``): then the last assistant
+        turn is the completion and everything before it, through the chat template, the prompt."""
+        if "messages" in row:
+            from posttrain.models.chat import chat_prompt_ids, split_conversation
+
+            history, answer = split_conversation(row["messages"])
+            prompt_ids = chat_prompt_ids(self.tokenizer, history)
+            completion_ids = [
+                *self.tokenizer(answer, add_special_tokens=False)["input_ids"],
+                self.tokenizer.eos_token_id,
+            ]
+            return prompt_ids + completion_ids, [0] * len(prompt_ids) + [1] * len(completion_ids)
         return encode_row(self.tokenizer, row["prompt"], row["completion"])
 
     def units(self, examples: Sequence[Example]) -> float:

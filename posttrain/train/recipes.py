@@ -1,0 +1,261 @@
+"""Configs and entry points of ``posttrain sft | rm | dpo``: build the model and data a config
+names, then hand them to the offline loop. Every option is documented once, here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import Field, model_validator
+
+from posttrain.config import Section, dump_config
+from posttrain.data import read_dataset
+from posttrain.data.tasks import get_task
+from posttrain.train.offline import LoopConfig, train_offline
+
+
+class TinyModel(Section):
+    """A tiny model built here with random weights (tests, demos, CPU benchmarks)."""
+
+    arch: Literal["llama", "qwen2"] = "llama"
+    """Model family of the config."""
+    layers: int = Field(2, ge=1)
+    """Decoder layers."""
+    hidden: int = Field(128, ge=8)
+    """Hidden size."""
+    heads: int = Field(4, ge=1)
+    """Attention heads."""
+    intermediate: int | None = None
+    """MLP width (default 4 × hidden)."""
+    tokenizer: Literal["char"] = "char"
+    """The tokenizer built with it: one token per character."""
+
+
+class LoraSection(Section):
+    r: int = Field(16, ge=1)
+    """Adapter rank."""
+    alpha: int = Field(32, ge=1)
+    """Adapter scaling numerator (scale = alpha / r)."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter input."""
+    target_modules: str | list[str] = "all-linear"
+    """Which linear layers get adapters."""
+
+
+class ModelSection(Section):
+    path: str | None = None
+    """A local Hugging Face model folder. When set, `tiny` is ignored."""
+    tiny: TinyModel | None = None
+    """Build a tiny model from this spec instead of loading one."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    lora: LoraSection | None = None
+    """Train LoRA adapters instead of all weights (DPO then uses the adapter-free model as
+    reference)."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSection:
+        if self.path is None and self.tiny is None:
+            raise ValueError("set model.path (a local model folder) or model.tiny (build a tiny model)")
+        return self
+
+
+class DataSection(Section):
+    path: str | None = None
+    """Local data: .jsonl, .json, .parquet, .csv or a saved datasets folder. Overrides `task`."""
+    task: str | None = None
+    """A built-in task that generates its data (reverse, arithmetic, preference)."""
+    prompt_column: str = "prompt"
+    """Column holding the prompt, if not "prompt"."""
+    format: Literal["prompt", "prompt_completion", "preference", "conversational"] | None = None
+    """Row format; detected from the columns when not given."""
+    split: str | None = None
+    """Split of a saved DatasetDict folder."""
+    on_bad_row: Literal["error", "skip"] = "error"
+    """Stop at the first invalid row, or skip invalid rows with a counted summary."""
+    n_train: int = Field(4000, ge=1)
+    """Training rows a task generates."""
+    n_eval: int = Field(500, ge=0)
+    """Held-out rows a task generates (evaluation)."""
+    eval_path: str | None = None
+    """Local held-out data for evaluation (with `path`)."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataSection:
+        if self.path is None and self.task is None:
+            raise ValueError("set data.path (a local file or folder) or data.task (a built-in task)")
+        return self
+
+
+class SFTRun(LoopConfig):
+    model: ModelSection
+    """The model to fine-tune."""
+    data: DataSection
+    """Prompt/completion or conversational rows."""
+    eval_max_new_tokens: int = Field(16, ge=1)
+    """Tokens generated per held-out prompt when evaluating a task's reward."""
+
+
+class RewardModelRun(LoopConfig):
+    model: ModelSection
+    """The body the scorer starts from (a policy folder, or a tiny model)."""
+    data: DataSection
+    """Preference rows (prompt, chosen, rejected, optional margin)."""
+    center_coef: float = Field(0.0, ge=0)
+    """Weight of mean((r_w + r_l)²), keeping rewards centred at 0."""
+
+
+class DPORun(LoopConfig):
+    model: ModelSection
+    """The policy; the reference is its frozen initial copy (or, with LoRA, itself without adapters)."""
+    data: DataSection
+    """Preference rows."""
+    beta: float = Field(0.1, gt=0)
+    """Strength of the implicit KL to the reference."""
+    loss_type: Literal["sigmoid", "ipo", "hinge", "robust"] = "sigmoid"
+    """DPO-family loss."""
+    label_smoothing: float = Field(0.0, ge=0, lt=0.5)
+    """Label noise ε (conservative DPO with sigmoid; robust DPO)."""
+
+
+def build_model_and_tokenizer(section: ModelSection, seed: int) -> tuple[Any, Any]:
+    from posttrain.models.loading import load_causal_lm, load_tokenizer
+    from posttrain.models.tiny import build_tiny_causal_lm
+    from posttrain.models.tokenizers import build_char_tokenizer
+
+    if section.path is not None:
+        model = load_causal_lm(section.path, dtype=section.dtype, gradient_checkpointing=section.gradient_checkpointing)
+        tokenizer = load_tokenizer(section.path)
+    else:
+        spec = section.tiny
+        tokenizer = build_char_tokenizer()
+        model = build_tiny_causal_lm(
+            len(tokenizer),
+            arch=spec.arch,
+            layers=spec.layers,
+            hidden=spec.hidden,
+            heads=spec.heads,
+            intermediate=spec.intermediate,
+            seed=seed,
+            tokenizer=tokenizer,
+        )
+    if section.lora is not None:
+        from posttrain.models.lora import apply_lora
+
+        lora = section.lora
+        model = apply_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=lora.target_modules)
+    return model, tokenizer
+
+
+def load_rows(section: DataSection, seed: int) -> tuple[list[dict], list[dict], str | None]:
+    """(train rows, held-out rows, name of the built-in reward that scores them, if any)."""
+    if section.path is not None:
+        options = {
+            "data_format": section.format,
+            "prompt_column": section.prompt_column,
+            "on_bad_row": section.on_bad_row,
+            "split": section.split,
+        }
+        held_out = read_dataset(section.eval_path, **options) if section.eval_path else []
+        return read_dataset(section.path, **options), held_out, None
+    task = get_task(section.task)(section.n_train, section.n_eval, seed)
+    return task.train, task.held_out, task.reward
+
+
+def run_sft(config: SFTRun) -> list[dict[str, float]]:
+    from posttrain.evaluate import evaluate
+    from posttrain.rewards import resolve_reward
+    from posttrain.train.sft import SFTObjective
+
+    torch.manual_seed(config.seed)
+    model, tokenizer = build_model_and_tokenizer(config.model, config.seed)
+    train_rows, held_out, reward_name = load_rows(config.data, config.seed)
+    objective = SFTObjective(model, tokenizer)
+    examples = [objective.encode(row) for row in train_rows]
+    evaluate_fn = None
+    if reward_name and held_out:
+        reward = resolve_reward(reward_name).fn
+
+        def evaluate_fn() -> dict[str, float]:
+            result = evaluate(model, tokenizer, held_out, reward, max_new_tokens=config.eval_max_new_tokens)
+            return {"accuracy": result.accuracy}
+
+    return train_offline(
+        objective,
+        examples,
+        config,
+        evaluate=evaluate_fn,
+        config_yaml=dump_config(config),
+        progress_keys=["loss/sft", "eval/accuracy"],
+        label="sft",
+    )
+
+
+def run_reward_model(config: RewardModelRun) -> list[dict[str, float]]:
+    from posttrain.models.reward import reward_model_from_policy
+    from posttrain.train.preference import RewardModelObjective
+
+    torch.manual_seed(config.seed)
+    policy, tokenizer = build_model_and_tokenizer(config.model, config.seed)
+    scorer = reward_model_from_policy(policy, tokenizer.pad_token_id)
+    train_rows, held_out, _ = load_rows(config.data, config.seed)
+    objective = RewardModelObjective(scorer, tokenizer, center_coef=config.center_coef)
+    held_examples = [objective.encode(row) for row in held_out]
+
+    def evaluate_fn() -> dict[str, float]:
+        return {"pairwise_accuracy": objective.pairwise_accuracy(held_examples)}
+
+    history = train_offline(
+        objective,
+        [objective.encode(r) for r in train_rows],
+        config,
+        evaluate=evaluate_fn if held_examples else None,
+        config_yaml=dump_config(config),
+        progress_keys=["loss/rm", "rm/accuracy"],
+        label="rm",
+    )
+    _write_summary(config.output_dir, history)
+    return history
+
+
+def run_dpo(config: DPORun) -> list[dict[str, float]]:
+    from posttrain.train.preference import DPOObjective
+
+    torch.manual_seed(config.seed)
+    model, tokenizer = build_model_and_tokenizer(config.model, config.seed)
+    train_rows, _, _ = load_rows(config.data, config.seed)
+    reference_context = None
+    if config.model.lora is not None:
+        from posttrain.models.lora import reference_policy
+
+        def reference_context() -> Any:
+            return reference_policy(model)
+
+    objective = DPOObjective(
+        model,
+        tokenizer,
+        beta=config.beta,
+        loss_type=config.loss_type,
+        label_smoothing=config.label_smoothing,
+        reference_context=reference_context,
+    )
+    history = train_offline(
+        objective,
+        [objective.encode(r) for r in train_rows],
+        config,
+        config_yaml=dump_config(config),
+        progress_keys=["loss/dpo", "dpo/margin"],
+        label="dpo",
+    )
+    _write_summary(config.output_dir, history)
+    return history
+
+
+def _write_summary(output_dir: str, history: list[dict[str, float]]) -> None:
+    first, last = history[0], history[-1]
+    summary = {"first_step": first, "last_step": last}
+    (Path(output_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
