@@ -14,6 +14,9 @@ DEFAULT_CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
+# The markers the default template writes for the usual roles; BPE tokenizers trained here make
+# each one a single special token.
+CHAT_MARKERS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
 
 
 def ensure_chat_template(tokenizer: Any) -> Any:
@@ -23,11 +26,14 @@ def ensure_chat_template(tokenizer: Any) -> Any:
     return tokenizer
 
 
-def chat_prompt_ids(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> list[int]:
-    """Token ids of a conversation up to and including the opening of the assistant's turn."""
+def chat_prompt_ids(
+    tokenizer: Any, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True
+) -> list[int]:
+    """Token ids of a conversation, by default up to and including the opening of the
+    assistant's turn (what a sampler continues from). No BOS/EOS beyond what the template writes."""
     ensure_chat_template(tokenizer)
-    ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
-    if isinstance(ids, Mapping):  # newer transformers return a BatchEncoding
+    ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt, tokenize=True)
+    if isinstance(ids, Mapping):  # transformers 5 returns a BatchEncoding
         ids = ids["input_ids"]
     return list(ids)
 

@@ -2,80 +2,190 @@
 
 Every loss in posttrain (SFT, the policy losses, KL to a reference) starts from these. With a
 real vocabulary (~150k) a full ``[B, T, V]`` float32 log-softmax is the largest tensor of a
-training step, so it is computed chunk by chunk of positions, with the float32 upcast done
-per chunk too.
+training step, so it is computed chunk by chunk: per chunk of positions, one float32 upcast,
+one log-softmax and one gather. Under autograd each chunk is checkpointed (recomputed in the
+backward pass), so the backward pass holds one chunk's ``[rows, V]`` float32 tensors at a
+time too, not all of them. ``response_logprobs(..., lm_head_chunks=True)`` goes one step
+further and never builds the response's ``[B, T, V]`` logits at all.
 """
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from collections.abc import Callable
+from functools import partial
 
-DEFAULT_CHUNK = 4096  # positions per chunk: [4096, V] floats at a time
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+CHUNK_ELEMENTS = 2**26  # floats per [rows, V] temporary: 256 MiB in float32, ~450 rows of a 150k vocabulary
 
 
 def token_logprobs(
-    logits: Tensor, tokens: Tensor, *, temperature: float = 1.0, chunk_size: int = DEFAULT_CHUNK
+    logits: Tensor, tokens: Tensor, *, temperature: float = 1.0, chunk_size: int | None = None
 ) -> Tensor:
     """log p(tokens[b, t]) under softmax(logits[b, t] / temperature); ``[B, T, V], [B, T] -> [B, T]``.
 
     ``logits`` must already be aligned with ``tokens``: for a causal LM that is
     ``token_logprobs(out.logits[:, :-1], input_ids[:, 1:])``. Computed in float32 whatever
-    the logits' dtype (bf16 log-probs are too coarse for ratios and KL terms), without
-    materialising the whole log-softmax; equal to the naive computation (tested to 1e-6).
-    ``temperature`` must match the sampler's so that ratios start at exactly 1.
+    the logits' dtype (bf16 log-probs are too coarse for ratios and KL terms), ``chunk_size``
+    positions at a time (default: as many as fit :data:`CHUNK_ELEMENTS`); equal to the full
+    ``log_softmax`` within 1e-6. ``temperature`` must match the sampler's so ratios start at 1.
     """
-    if logits.shape[:-1] != tokens.shape:
-        raise ValueError(f"logits {tuple(logits.shape)} do not match tokens {tuple(tokens.shape)}")
-    flat_logits = logits.reshape(-1, logits.shape[-1])
-    flat_tokens = tokens.reshape(-1).long()
-    out = torch.empty(flat_tokens.shape, dtype=torch.float32, device=logits.device)
-    for start in range(0, flat_tokens.numel(), chunk_size):
-        piece = flat_logits[start : start + chunk_size].float()
-        if temperature != 1.0:
-            piece = piece / temperature
-        # log_softmax row by row is exactly the naive result (same kernel, same reduction
-        # order); only the chunk's [chunk, V] block exists at a time
-        picked = torch.log_softmax(piece, dim=-1).gather(-1, flat_tokens[start : start + chunk_size].unsqueeze(-1))
-        out[start : start + chunk_size] = picked.squeeze(-1)
-    return out.view(tokens.shape)
+    return token_logprobs_and_entropies(logits, tokens, temperature=temperature, chunk_size=chunk_size)[0]
 
 
-def token_entropies(logits: Tensor, *, temperature: float = 1.0, chunk_size: int = DEFAULT_CHUNK) -> Tensor:
-    """Entropy of softmax(logits / temperature) per position, ``[B, T, V] -> [B, T]``, chunked.
+def token_entropies(logits: Tensor, *, temperature: float = 1.0, chunk_size: int | None = None) -> Tensor:
+    """Entropy H = −Σ_v p_v log p_v of softmax(logits / temperature) per position, ``[B, T, V] -> [B, T]``.
 
-    H = logsumexp(z) − Σ softmax(z)·z (ALGORITHMS.md §4.10); differentiable, for the entropy bonus.
+    Chunked like :func:`token_logprobs`; differentiable, for the entropy bonus (ALGORITHMS.md §4.10).
     """
     flat = logits.reshape(-1, logits.shape[-1])
-    pieces = []
-    for start in range(0, flat.shape[0], chunk_size):
-        z = flat[start : start + chunk_size].float()
-        if temperature != 1.0:
-            z = z / temperature
-        pieces.append(torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(-1))
-    if not pieces:
-        return logits.new_zeros(logits.shape[:-1], dtype=torch.float32)
-    return torch.cat(pieces).view(logits.shape[:-1])
+    _, entropies = _chunked(flat, None, nn.Identity(), flat.shape[-1], temperature, chunk_size, entropy=True)
+    return entropies.view(logits.shape[:-1])
+
+
+def token_logprobs_and_entropies(
+    logits: Tensor,
+    tokens: Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`token_logprobs` and, with ``with_entropy``, :func:`token_entropies` from one pass over
+    the logits. ``[B, T, V], [B, T] -> ([B, T], [B, T] or None)``."""
+    if logits.shape[:-1] != tokens.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} do not match tokens {tuple(tokens.shape)}")
+    flat = logits.reshape(-1, logits.shape[-1])
+    logprobs, entropies = _chunked(
+        flat, tokens.reshape(-1), nn.Identity(), flat.shape[-1], temperature, chunk_size, with_entropy
+    )
+    return logprobs.view(tokens.shape), None if entropies is None else entropies.view(tokens.shape)
 
 
 def response_logprobs(
-    model: torch.nn.Module,
+    model: nn.Module,
     input_ids: Tensor,
     attention_mask: Tensor,
-    response_start: int,
+    response_start: int | None = None,
     *,
+    response_mask: Tensor | None = None,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    lm_head_chunks: bool = False,
+    chunk_size: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropies) of the response tokens of ``prompt ‖ response`` sequences.
 
-    ``input_ids, attention_mask [B, P + T]`` hold left-padded prompts of width ``response_start``
-    = P followed by right-padded responses; positions follow the attention mask, as in the
-    rollout engines. Returns ``[B, T]`` tensors (entropies None unless asked for).
+    ``input_ids, attention_mask [B, P + T]`` hold left-padded prompts of width P followed by
+    right-padded responses; positions follow the attention mask, as in the rollout engines.
+    Give P as ``response_start``, or a ``response_mask [B, T]`` (1 on tokens the policy
+    produced; 0 on padding and tool/environment tokens), which also zeroes the masked outputs.
+    Returns ``[B, T]`` float32 tensors (entropies None unless ``with_entropy``).
+
+    Only the response positions' logits are computed (``logits_to_keep``). With
+    ``lm_head_chunks`` the final hidden states go through the output layer ``chunk_size``
+    positions at a time, so ``[B, T, V]`` logits never exist at once (tied embeddings
+    included); this needs a model whose logits are exactly ``lm_head(hidden)``.
     """
+    start = _response_start(input_ids, response_start, response_mask)
+    tokens = input_ids[:, start:]
     positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).logits
-    logits = logits[:, response_start - 1 : -1]  # position t predicts token t + 1
-    logprobs = token_logprobs(logits, input_ids[:, response_start:], temperature=temperature)
-    entropies = token_entropies(logits, temperature=temperature) if with_entropy else None
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": positions, "use_cache": False}
+    if lm_head_chunks:
+        head = _plain_lm_head(model)
+        hidden = model.get_decoder()(**inputs).last_hidden_state[:, start - 1 : -1]  # t predicts t + 1
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        logprobs, entropies = _chunked(
+            flat, tokens.reshape(-1), head, head.weight.shape[0], temperature, chunk_size, with_entropy
+        )
+        logprobs = logprobs.view(tokens.shape)
+        entropies = None if entropies is None else entropies.view(tokens.shape)
+    else:
+        logits = model(**inputs, logits_to_keep=tokens.shape[1] + 1).logits[:, :-1]  # t predicts t + 1
+        logprobs, entropies = token_logprobs_and_entropies(
+            logits, tokens, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy
+        )
+    if response_mask is not None:
+        logprobs = logprobs * response_mask
+        entropies = None if entropies is None else entropies * response_mask
     return logprobs, entropies
+
+
+def _response_start(input_ids: Tensor, response_start: int | None, response_mask: Tensor | None) -> int:
+    """P from ``response_start`` or from the response mask's width; they must agree if both given."""
+    length = input_ids.shape[1]
+    if response_mask is not None:
+        if response_mask.shape[0] != input_ids.shape[0] or response_mask.shape[1] >= length:
+            raise ValueError(
+                f"response_mask {tuple(response_mask.shape)} must be [B, T] over the response positions "
+                f"of input_ids {tuple(input_ids.shape)}"
+            )
+        from_mask = length - response_mask.shape[1]
+        if response_start is not None and response_start != from_mask:
+            raise ValueError(f"response_start={response_start} but the response mask starts at {from_mask}")
+        response_start = from_mask
+    if response_start is None:
+        raise ValueError("give response_start (the prompt width P) or a response_mask [B, T]")
+    if not 0 < response_start < length:
+        raise ValueError(f"response_start={response_start} must lie inside the sequence (1..{length - 1})")
+    return response_start
+
+
+def _plain_lm_head(model: nn.Module) -> nn.Module:
+    """The output layer, if the model's logits are exactly ``head(hidden)``; otherwise an error."""
+    config = model.config
+    for name in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
+        if getattr(config, name, None) not in (None, 1, 1.0):
+            raise ValueError(f"lm_head_chunks: {type(model).__name__} transforms its logits ({name}); use the default")
+    head = model.get_output_embeddings()
+    if head is None or not hasattr(model, "get_decoder"):
+        raise ValueError(f"lm_head_chunks: {type(model).__name__} exposes no decoder/output layer; use the default")
+    return head
+
+
+def _chunked(
+    inputs: Tensor,
+    tokens: Tensor | None,
+    to_logits: nn.Module,
+    vocab_size: int,
+    temperature: float,
+    chunk_size: int | None,
+    entropy: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """Per chunk of rows of ``inputs [N, D]``: logits = to_logits(rows) → (log-probs of ``tokens [N]``,
+    entropies), each ``[N]`` float32. Checkpointed under autograd, so backward recomputes each
+    chunk instead of keeping every chunk's ``[rows, V]`` temporaries alive."""
+    rows = chunk_size or max(1, CHUNK_ELEMENTS // vocab_size)
+    step = partial(_chunk_stats, to_logits=to_logits, temperature=temperature, entropy=entropy)
+    logprobs, entropies = [], []
+    needs_grad = torch.is_grad_enabled() and (
+        inputs.requires_grad or any(p.requires_grad for p in to_logits.parameters())
+    )
+    for start in range(0, inputs.shape[0], rows):
+        piece = inputs[start : start + rows]
+        piece_tokens = None if tokens is None else tokens[start : start + rows]
+        out = checkpoint(step, piece, piece_tokens, use_reentrant=False) if needs_grad else step(piece, piece_tokens)
+        logprobs.append(out[0])
+        entropies.append(out[1])
+    if not logprobs:  # no positions at all
+        empty = inputs.new_zeros(0, dtype=torch.float32)
+        return empty, empty if entropy else None
+    return torch.cat(logprobs), torch.cat(entropies) if entropy else None
+
+
+def _chunk_stats(
+    rows: Tensor, tokens: Tensor | None, *, to_logits: Callable[[Tensor], Tensor], temperature: float, entropy: bool
+) -> tuple[Tensor, Tensor]:
+    """``[n, D] → ([n], [n])``; the exact arithmetic of the naive formulas, row by row."""
+    z = to_logits(rows).float()  # the float32 upcast happens here, one chunk at a time
+    if temperature != 1.0:
+        z = z / temperature
+    logp = torch.log_softmax(z, dim=-1)
+    empty = z.new_zeros(0)
+    picked = logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1) if tokens is not None else empty
+    # −Σ softmax·log_softmax rather than logsumexp(z) − Σ p·z: the latter subtracts two numbers
+    # of size |z| and loses ~1e-5 to cancellation on a 32k vocabulary
+    entropies = -(torch.softmax(z, dim=-1) * logp).sum(-1) if entropy else empty
+    return picked, entropies

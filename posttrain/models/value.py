@@ -2,47 +2,111 @@
 
 Built as ``AutoModelForTokenClassification`` with one label, which transformers provides for
 Llama, Qwen2 and most decoder families: the body is the policy's, the head a ``[hidden, 1]``
-linear layer, and the folder it saves loads back with plain transformers.
+linear layer (with bias). ``critic.save_pretrained(dir)`` writes an ordinary folder that
+``AutoModelForTokenClassification.from_pretrained(dir)`` loads back with plain transformers,
+so a critic needs no posttrain-specific format.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
-from typing import Any
 
 import torch
-from torch import Tensor
-from transformers import AutoModelForTokenClassification
+from torch import Tensor, nn
+from transformers import AutoModelForTokenClassification, PreTrainedModel
 
-from posttrain.models.loading import check_model_folder
+from posttrain.models.loading import DtypeName, load_pretrained, read_config
+
+log = logging.getLogger(__name__)
+
+# no dropout before the head: a value target regressed through dropout is noise
+# (transformers' token classifiers default to 0.1)
+_CRITIC_CONFIG = {"num_labels": 1, "classifier_dropout": 0.0}
 
 
-def value_model_from_policy(policy: Any, *, head_std: float = 0.0) -> Any:
+def value_model_from_policy(policy: PreTrainedModel, *, head_std: float = 0.0) -> PreTrainedModel:
     """A critic initialised from the policy's weights (a copy; the policy is not shared).
 
     The head starts at zero by default, so initial values are 0 and early GAE advantages are
-    the raw returns rather than noise from a random head.
+    the raw returns rather than noise from a random head; ``head_std > 0`` draws it from
+    N(0, head_std²) instead. Same dtype and device as the policy.
     """
+    if hasattr(policy, "get_base_model"):  # a peft model: which weights to copy is ambiguous
+        raise TypeError("value_model_from_policy needs a plain transformers model; merge or drop the adapters first")
     settings = {k: v for k, v in policy.config.to_dict().items() if k not in ("id2label", "label2id")}
-    # no dropout before the head: a value target regressed through dropout is noise
-    config = policy.config.__class__.from_dict({**settings, "num_labels": 1, "classifier_dropout": 0.0})
+    config = policy.config.__class__.from_dict({**settings, **_CRITIC_CONFIG})
     critic = AutoModelForTokenClassification.from_config(config)
-    body_name = critic.base_model_prefix
-    getattr(critic, body_name).load_state_dict(getattr(policy, policy.base_model_prefix).state_dict())
+    getattr(critic, critic.base_model_prefix).load_state_dict(getattr(policy, policy.base_model_prefix).state_dict())
+    init_value_head(critic, head_std)
+    parameter = next(policy.parameters())
+    return critic.to(parameter.device, dtype=parameter.dtype)
+
+
+def load_value_model(
+    path: str | Path,
+    *,
+    dtype: DtypeName | torch.dtype = "float32",
+    device: str | torch.device = "cpu",
+    gradient_checkpointing: bool = False,
+    trust_remote_code: bool = False,
+    head_std: float = 0.0,
+) -> PreTrainedModel:
+    """A critic from a local folder: a saved critic (token classifier with one label) loads as
+    it was saved; a policy folder (a causal LM) gives its body and a fresh head as in
+    :func:`value_model_from_policy`. Either way the head has no dropout."""
+    architectures = read_config(path, trust_remote_code=trust_remote_code).architectures or []
+    is_critic = any(name.endswith("ForTokenClassification") for name in architectures)
+    critic = load_pretrained(
+        AutoModelForTokenClassification,
+        path,
+        dtype=dtype,
+        device=device,
+        gradient_checkpointing=gradient_checkpointing,
+        trust_remote_code=trust_remote_code,
+        config_updates=_CRITIC_CONFIG,
+    )
+    if not is_critic:
+        init_value_head(critic, head_std)
+        log.info("critic from %s: body from the policy folder, value head initialised here", path)
+    return critic
+
+
+def init_value_head(critic: PreTrainedModel, std: float = 0.0) -> None:
+    """Zero the head (``std=0``) or draw it from N(0, std²); the bias starts at zero."""
+    head = value_head(critic)
     with torch.no_grad():
-        head = critic.score if hasattr(critic, "score") else critic.classifier
-        torch.nn.init.normal_(head.weight, std=head_std) if head_std else head.weight.zero_()
-        if getattr(head, "bias", None) is not None:
+        if std:
+            head.weight.normal_(std=std)
+        else:
+            head.weight.zero_()
+        if head.bias is not None:
             head.bias.zero_()
-    return critic.to(next(policy.parameters()).device, dtype=next(policy.parameters()).dtype)
 
 
-def load_value_model(path: str | Path, *, dtype: torch.dtype = torch.float32) -> Any:
-    """A critic saved by ``save_pretrained`` (or any token-classification folder with 1 label)."""
-    return AutoModelForTokenClassification.from_pretrained(check_model_folder(path), dtype=dtype, local_files_only=True)
+def value_head(critic: PreTrainedModel) -> nn.Linear:
+    """The ``[hidden, 1]`` output layer (``score`` in Llama/Qwen2, ``classifier`` elsewhere)."""
+    head = getattr(critic, "score", None) or getattr(critic, "classifier", None)
+    if head is None:
+        raise TypeError(f"{type(critic).__name__} has neither a score nor a classifier layer")
+    return head
 
 
-def values(critic: Any, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """``[B, T]`` value estimates; positions follow the attention mask like the policy's."""
+def values(critic: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """``[B, L]`` float32 value of every position; positions follow the attention mask like the
+    policy's, so left-padded prompts get the same values as unpadded ones."""
     positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    return critic(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).logits[..., 0].float()
+    out = critic(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions)
+    return out.logits[..., 0].float()
+
+
+def response_values(critic: nn.Module, input_ids: Tensor, attention_mask: Tensor, response_start: int) -> Tensor:
+    """``[B, T]`` values aligned with :func:`posttrain.models.logprobs.response_logprobs`.
+
+    ``input_ids, attention_mask [B, P + T]`` with ``response_start = P``. Entry t is V(s_t), the
+    value of the prefix that response token t is sampled from (read at position P − 1 + t), as
+    GAE needs: δ_t = r_t + γ·V(s_{t+1}) − V(s_t).
+    """
+    if not 0 < response_start < input_ids.shape[1]:
+        raise ValueError(f"response_start={response_start} must lie inside the sequence (1..{input_ids.shape[1] - 1})")
+    return values(critic, input_ids, attention_mask)[:, response_start - 1 : -1]

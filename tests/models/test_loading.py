@@ -1,18 +1,17 @@
-"""Loading local folders, the critic, the reward scorer and LoRA's free reference policy."""
+"""Loading local folders as a user would: by path, with plain transformers and with posttrain."""
 
 from __future__ import annotations
 
+import json
+import logging
+
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
-from posttrain.models.loading import ModelLoadError, load_causal_lm, load_tokenizer
-from posttrain.models.logprobs import token_logprobs
-from posttrain.models.lora import apply_lora, merge_adapters, reference_policy
-from posttrain.models.reward import load_reward_model, reward_model_from_policy
+from posttrain.models.loading import ModelLoadError, ensure_pad_token, load_causal_lm, load_tokenizer
 from posttrain.models.tiny import build_tiny_causal_lm
 from posttrain.models.tokenizers import build_char_tokenizer
-from posttrain.models.value import load_value_model, value_model_from_policy, values
 
 
 @pytest.fixture(scope="module")
@@ -22,93 +21,105 @@ def saved(tmp_path_factory):
     model = build_tiny_causal_lm(len(tokenizer), layers=1, hidden=32, heads=2, tokenizer=tokenizer)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    return folder, model, tokenizer
+    return folder, model.eval(), tokenizer
 
 
-def test_load_by_path_like_a_user_checkpoint(saved):
+def test_load_by_path_like_plain_transformers_and_generate(saved):
     folder, model, _ = saved
-    loaded = load_causal_lm(folder, gradient_checkpointing=True)
-    assert loaded.is_gradient_checkpointing
-    ids = torch.tensor([[5, 6, 7]])
-    torch.testing.assert_close(loaded.eval()(ids).logits, model.eval()(ids).logits)
+    ours, tokenizer = load_causal_lm(folder), load_tokenizer(folder)
+    plain, plain_tokenizer = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    assert type(ours) is type(plain) and ours.dtype == torch.float32
+    ids = tokenizer(["Reverse: ab"], return_tensors="pt")["input_ids"]
+    assert ids.tolist() == plain_tokenizer(["Reverse: ab"], return_tensors="pt")["input_ids"].tolist()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, model(ids).logits, atol=0, rtol=0)
+        out = ours.generate(ids, max_new_tokens=4, do_sample=False)
+        expected = plain.eval().generate(ids, max_new_tokens=4, do_sample=False)
+    assert out.shape[1] > ids.shape[1] and torch.equal(out, expected)
+    assert isinstance(tokenizer.decode(out[0]), str)
+
+
+def test_dtype_and_gradient_checkpointing(saved):
+    folder, _, _ = saved
     assert load_causal_lm(folder, dtype="bfloat16").dtype == torch.bfloat16
-    assert load_tokenizer(folder).pad_token == "<pad>"
+    assert load_causal_lm(folder, dtype="auto").dtype == torch.float32  # what config.json records
+    model = load_causal_lm(folder, gradient_checkpointing=True).train()
+    assert model.is_activation_checkpointing and model.config.use_cache is False
+    ids = torch.tensor([[5, 6, 7, 8]])
+    model(ids, labels=ids).loss.backward()  # recomputation works with the non-reentrant variant
+    assert model.lm_head.weight.grad is not None
+    with pytest.raises(ModelLoadError, match="unknown dtype 'fp8'"):
+        load_causal_lm(folder, dtype="fp8")
 
 
-def test_bad_paths_say_what_is_wrong(tmp_path, saved):
+def test_a_hub_id_says_posttrain_loads_local_folders():
+    for name in ("Qwen/Qwen2-0.5B", "gpt2"):
+        with pytest.raises(ModelLoadError, match="local folders only") as error:
+            load_causal_lm(name)
+        assert f"hf download {name}" in str(error.value)
     with pytest.raises(ModelLoadError, match="local folders only"):
-        load_causal_lm("Qwen/Qwen2-0.5B")
+        load_tokenizer("Qwen/Qwen2-0.5B")
+
+
+def test_missing_folder_file_and_folder_without_config(tmp_path):
+    with pytest.raises(ModelLoadError, match=f"does not exist \\(looked for {tmp_path / 'nope'}\\)"):
+        load_causal_lm(tmp_path / "nope")
     (tmp_path / "weights.bin").write_text("x")
-    with pytest.raises(ModelLoadError, match=r"no config\.json \(found: weights\.bin\)"):
+    (tmp_path / "checkpoints").mkdir()
+    with pytest.raises(ModelLoadError, match=r"no config\.json \(found: checkpoints/, weights\.bin\)"):
         load_causal_lm(tmp_path)
     with pytest.raises(ModelLoadError, match="is a file"):
         load_causal_lm(tmp_path / "weights.bin")
-    with pytest.raises(ModelLoadError, match="unknown dtype 'fp8'"):
-        load_causal_lm(saved[0], dtype="fp8")
 
 
-def test_critic_starts_from_the_policy_and_round_trips(tmp_path, saved):
-    _, policy, _ = saved
-    critic = value_model_from_policy(policy)
-    ids, mask = torch.tensor([[5, 6, 7, 0]]), torch.tensor([[1, 1, 1, 0]])
-    assert values(critic, ids, mask).tolist() == [[0.0, 0.0, 0.0, 0.0]]  # zero head: V = 0 at the start
-    torch.testing.assert_close(critic.model.embed_tokens.weight, policy.model.embed_tokens.weight)
-    torch.nn.init.normal_(critic.score.weight)
-    critic.save_pretrained(tmp_path)
-    again = load_value_model(tmp_path)
-    torch.testing.assert_close(values(again, ids, mask), values(critic, ids, mask))
+def test_unknown_architecture_names_the_path_and_what_was_found(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "wobble", "architectures": ["WobbleForCausalLM"]}))
+    with pytest.raises(ModelLoadError, match=r"unknown architecture.*'wobble'.*WobbleForCausalLM") as error:
+        load_causal_lm(tmp_path)
+    assert str(tmp_path) in str(error.value)
+    (tmp_path / "config.json").write_text(
+        json.dumps({**json.loads((tmp_path / "config.json").read_text()), "auto_map": {}})
+    )
+    with pytest.raises(ModelLoadError, match="trust_remote_code=True"):
+        load_causal_lm(tmp_path)
+    # known to transformers, but an encoder-decoder: no AutoModelForCausalLM class
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]})
+    )
+    with pytest.raises(ModelLoadError, match=r"unknown architecture for AutoModelForCausalLM: model_type 't5'"):
+        load_causal_lm(tmp_path)
 
 
-def test_reward_scores_are_read_at_the_last_real_token(saved):
-    _, policy, tokenizer = saved
-    scorer = reward_model_from_policy(policy, tokenizer.pad_token_id).eval()
-    torch.nn.init.normal_(scorer.score.weight)
-    rows = [[5, 6, 7, 8, 9], [10, 11]]
-    batch = torch.tensor([rows[0], rows[1] + [tokenizer.pad_token_id] * 3])
-    with torch.no_grad():
-        together = scorer(input_ids=batch, attention_mask=(batch != tokenizer.pad_token_id).long()).logits[:, 0]
-        alone = [scorer(input_ids=torch.tensor([r])).logits[0, 0] for r in rows]
-    torch.testing.assert_close(together, torch.stack(alone), atol=1e-5, rtol=0)  # scores are O(10)
-
-
-def test_saved_reward_model_needs_a_pad_id(tmp_path, saved):
-    _, policy, tokenizer = saved
-    scorer = reward_model_from_policy(policy, tokenizer.pad_token_id)
-    scorer.save_pretrained(tmp_path / "rm")
-    assert isinstance(load_reward_model(tmp_path / "rm"), torch.nn.Module)
-    scorer.config.pad_token_id = None
-    scorer.save_pretrained(tmp_path / "rm_nopad")
-    with pytest.raises(ValueError, match="no pad_token_id"):
-        load_reward_model(tmp_path / "rm_nopad")
-
-
-def test_lora_reference_is_the_base_model_even_after_training(tmp_path, saved):
+def test_config_without_weights_and_adapter_folder(tmp_path, saved):
     folder, _, _ = saved
-    base = load_causal_lm(folder).eval()
-    policy = apply_lora(load_causal_lm(folder), r=4, alpha=8)
-    with torch.no_grad():  # peft initialises B = 0; move the adapters so they matter
-        for name, param in policy.named_parameters():
-            if "lora_B" in name:
-                param.normal_(std=0.5)
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-2)
-    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
-    for _ in range(3):
-        policy(ids, labels=ids).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    policy.eval()
+    (tmp_path / "config.json").write_text((folder / "config.json").read_text())
+    with pytest.raises(ModelLoadError, match=r"config\.json but no weights"):
+        load_causal_lm(tmp_path)
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "/models/base"}))
+    with pytest.raises(ModelLoadError, match=r"LoRA adapter .*'/models/base'"):
+        load_causal_lm(adapter)
 
-    def logprobs(model):
-        with torch.no_grad():
-            return token_logprobs(model(ids).logits[:, :-1], ids[:, 1:])
 
-    with reference_policy(policy):
-        reference = logprobs(policy)
-    torch.testing.assert_close(reference, logprobs(base), atol=1e-6, rtol=0)
-    assert (logprobs(policy) - reference).abs().max() > 1e-3  # the adapters did change the policy
-    merged = merge_adapters(policy)
-    merged.save_pretrained(tmp_path / "merged")
-    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
-    torch.testing.assert_close(logprobs(plain), logprobs(merged), atol=1e-5, rtol=0)
-    with pytest.raises(TypeError, match="frozen copy"), reference_policy(base):
-        pass
+def test_tokenizer_without_pad_reuses_eos_and_says_so(tmp_path, caplog):
+    source = build_char_tokenizer()
+    no_pad = PreTrainedTokenizerFast(tokenizer_object=source.backend_tokenizer, eos_token="<eos>")
+    no_pad.save_pretrained(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="posttrain.models.loading"):
+        tokenizer = load_tokenizer(tmp_path, padding_side="left")
+    assert tokenizer.pad_token == "<eos>" and tokenizer.pad_token_id == source.eos_token_id
+    assert "no pad token; using EOS '<eos>'" in caplog.text
+    assert tokenizer(["a", "abc"], padding=True)["input_ids"][0][:2] == [tokenizer.pad_token_id] * 2  # left
+    assert load_tokenizer(tmp_path, padding_side="right")(["a", "abc"], padding=True)["attention_mask"][0] == [1, 0, 0]
+    with pytest.raises(ModelLoadError, match="neither a pad nor an EOS"):
+        ensure_pad_token(PreTrainedTokenizerFast(tokenizer_object=source.backend_tokenizer))
+    with pytest.raises(ModelLoadError, match="padding_side"):
+        load_tokenizer(tmp_path, padding_side="middle")
+
+
+def test_folder_without_tokenizer_files(tmp_path, saved):
+    folder, _, _ = saved
+    (tmp_path / "config.json").write_text((folder / "config.json").read_text())
+    with pytest.raises(ModelLoadError, match=r"holds no tokenizer .*found: config\.json"):
+        load_tokenizer(tmp_path)

@@ -2,8 +2,14 @@ import math
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
 
-from posttrain.models.logprobs import response_logprobs, token_entropies, token_logprobs
+from posttrain.models.logprobs import (
+    response_logprobs,
+    token_entropies,
+    token_logprobs,
+    token_logprobs_and_entropies,
+)
 
 
 def test_matches_hand_computed_values():
@@ -74,3 +80,100 @@ def test_response_logprobs_match_the_rollout_engine():
         )
     torch.testing.assert_close(logprobs * out.response_mask, out.logprobs, atol=1e-5, rtol=0)
     assert entropies.shape == out.logprobs.shape
+
+
+def naive_logprobs_and_entropy(logits, tokens, temperature=1.0):
+    z = logits.float() / temperature
+    logp = torch.log_softmax(z, -1)
+    return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), -(torch.softmax(z, -1) * logp).sum(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_entropy_equals_naive_on_a_real_vocabulary(dtype):
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(2, 9, 32_000, generator=g) * 3 + 20).to(dtype)  # + 20: cancellation would show
+    tokens = torch.randint(0, 32_000, (2, 9), generator=g)
+    naive_lp, naive_h = naive_logprobs_and_entropy(logits, tokens, temperature=0.9)
+    for chunk in (1, 5, None):
+        lp, h = token_logprobs_and_entropies(logits, tokens, temperature=0.9, chunk_size=chunk, with_entropy=True)
+        torch.testing.assert_close(lp, naive_lp, atol=1e-6, rtol=0)
+        torch.testing.assert_close(h, naive_h, atol=1e-6, rtol=0)
+        torch.testing.assert_close(
+            token_entropies(logits, temperature=0.9, chunk_size=chunk), naive_h, atol=1e-6, rtol=0
+        )
+
+
+def test_gradients_equal_naive_and_backward_keeps_no_full_vocabulary_tensor():
+    g = torch.Generator().manual_seed(4)
+    logits = (torch.randn(3, 7, 4_000, generator=g) * 2).requires_grad_()
+    tokens = torch.randint(0, 4_000, (3, 7), generator=g)
+    weights = torch.randn(3, 7, generator=g)
+    saved_bytes = []
+
+    def pack(tensor):  # bytes autograd keeps for backward, beyond views of the logits themselves
+        if tensor.untyped_storage().data_ptr() != logits.untyped_storage().data_ptr():
+            saved_bytes.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        lp, h = token_logprobs_and_entropies(logits, tokens, chunk_size=4, with_entropy=True)
+    assert sum(saved_bytes) < logits.numel()  # far below one float32 [B, T, V] (4 bytes a logit)
+    ((lp + 0.1 * h) * weights).sum().backward()
+    chunked_grad, logits.grad = logits.grad, None
+    naive_lp, naive_h = naive_logprobs_and_entropy(logits, tokens)
+    ((naive_lp + 0.1 * naive_h) * weights).sum().backward()
+    torch.testing.assert_close(chunked_grad, logits.grad, atol=1e-6, rtol=0)
+
+
+def tiny_lm(tied: bool):
+    config = LlamaConfig(
+        vocab_size=300,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        tie_word_embeddings=tied,
+    )
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+IDS = torch.tensor([[0, 0, 5, 6, 7, 8, 9, 0], [11, 12, 13, 14, 15, 16, 17, 18]])
+MASK = (IDS != 0).long()
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_lm_head_chunks_equal_full_logits(tied):
+    model = tiny_lm(tied)
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
+    with torch.no_grad():
+        full = model(input_ids=IDS, attention_mask=MASK, position_ids=(MASK.cumsum(-1) - 1).clamp(min=0)).logits
+    naive_lp, naive_h = naive_logprobs_and_entropy(full[:, 2:-1], IDS[:, 3:])
+    for chunks in (False, True):
+        with torch.no_grad():
+            lp, h = response_logprobs(model, IDS, MASK, 3, with_entropy=True, lm_head_chunks=chunks, chunk_size=3)
+        torch.testing.assert_close(lp, naive_lp, atol=1e-5, rtol=0)
+        torch.testing.assert_close(h, naive_h, atol=1e-5, rtol=0)
+    lp, _ = response_logprobs(model, IDS, MASK, 3, lm_head_chunks=True, chunk_size=3)
+    lp.sum().backward()  # gradients reach the output layer (the embedding, when tied) through the checkpoints
+    assert model.lm_head.weight.grad is not None and model.lm_head.weight.grad.abs().sum() > 0
+
+
+def test_response_mask_gives_the_prompt_width_and_zeroes_masked_tokens():
+    model = tiny_lm(False)
+    response_mask = torch.tensor([[1, 1, 1, 1, 0], [1, 0, 0, 1, 1]])  # tool tokens at 1-2 of row 2
+    with torch.no_grad():
+        by_start, _ = response_logprobs(model, IDS, MASK, 3, temperature=0.7)
+        by_mask, entropy = response_logprobs(
+            model, IDS, MASK, response_mask=response_mask, temperature=0.7, with_entropy=True
+        )
+    torch.testing.assert_close(by_mask, by_start * response_mask)
+    assert (entropy[response_mask == 0] == 0).all() and (entropy[response_mask == 1] > 0).all()
+    with pytest.raises(ValueError, match="response mask starts at 3"):
+        response_logprobs(model, IDS, MASK, 2, response_mask=response_mask)
+    with pytest.raises(ValueError, match="give response_start"):
+        response_logprobs(model, IDS, MASK)
+    model.config.final_logit_softcapping = 30.0
+    with pytest.raises(ValueError, match="final_logit_softcapping"):
+        response_logprobs(model, IDS, MASK, 3, lm_head_chunks=True)

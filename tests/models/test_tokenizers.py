@@ -92,3 +92,28 @@ def test_default_chat_template_works_for_char_and_bpe_tokenizers():
     assert ensure_chat_template(tokenizer).chat_template == "{{ messages[0]['content'] }}"
     history, answer = split_conversation([*messages, {"role": "assistant", "content": "naes"}])
     assert history == messages and answer == "naes"
+
+
+def test_charset_covers_tags_arithmetic_and_chat_markers():
+    for char in "<>/=+*()|_\n":
+        assert char in DEFAULT_CHARSET, repr(char)
+
+
+def test_bpe_chat_markers_are_single_special_tokens_and_the_template_survives_saving(tmp_path):
+    from transformers import AutoTokenizer
+
+    from posttrain.models.chat import CHAT_MARKERS, chat_prompt_ids, ensure_chat_template
+    from posttrain.models.tokenizers import train_bpe_tokenizer
+
+    tokenizer = ensure_chat_template(train_bpe_tokenizer(TEXTS * 20, vocab_size=300))
+    assert tokenizer.convert_ids_to_tokens([4, 5, 6, 7]) == list(CHAT_MARKERS)
+    tokenizer.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    messages = [{"role": "user", "content": "Reverse sean."}, {"role": "assistant", "content": "naes"}]
+    for tok in (tokenizer, loaded):
+        prompt = chat_prompt_ids(tok, messages[:1])
+        assert prompt[0] == tok.convert_tokens_to_ids("<|user|>") and prompt[-2:] == tok("<|assistant|>\n")["input_ids"]
+        whole = chat_prompt_ids(tok, messages, add_generation_prompt=False)
+        assert tok.decode(whole) == "<|user|>\nReverse sean.<|end|>\n<|assistant|>\nnaes<|end|>\n"
+        assert set(CHAT_MARKERS) <= set(tok.all_special_tokens)
+        assert tok.decode(whole, skip_special_tokens=True) == "\nReverse sean.\n\nnaes\n"
