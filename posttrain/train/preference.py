@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from posttrain.algos import bradley_terry_loss, dpo_loss
 from posttrain.models.logprobs import token_logprobs
+from posttrain.models.reward import sequence_scores
 from posttrain.train.sft import collate, encode_row
 
 
@@ -64,7 +65,9 @@ class RewardModelObjective:
     def scores(self, examples: Sequence[PairExample]) -> tuple[Tensor, Tensor]:
         device = next(self.model.parameters()).device
         batch = _both_sides(examples, self.tokenizer.pad_token_id, device)
-        scores = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, 0]
+        # read at the last real token by the attention mask: correct also when pad = EOS,
+        # where transformers' pooled logit would skip the final EOS
+        scores = sequence_scores(self.model, batch["input_ids"], batch["attention_mask"])
         return scores[: len(examples)], scores[len(examples) :]
 
     def loss(self, examples: Sequence[PairExample], step_units: float) -> tuple[Tensor, dict[str, float]]:
