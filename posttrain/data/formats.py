@@ -1,22 +1,32 @@
 """The row formats users bring, and validation that reports bad rows before training starts.
 
-Formats (detected from the columns, or named):
+Formats (detected from the columns, or named with ``data_format``):
 
-* ``prompt``: a prompt (+ any columns, passed through to reward functions untouched);
+* ``prompt``: a prompt, for online RL; every other column is passed through untouched to
+  the reward functions;
 * ``prompt_completion``: prompt + completion (SFT);
-* ``preference``: prompt + chosen + rejected (+ optional numeric ``margin``) (reward models, DPO);
-* ``conversational``: ``messages``, a list of ``{"role", "content"}``; for SFT the last
-  assistant turn is the completion. Preference rows may hold message lists too.
+* ``preference``: prompt + chosen + rejected, optional numeric ``margin`` (reward models, DPO);
+* ``conversational``: ``messages``, a list of ``{"role", "content"}`` ending with the
+  assistant's turn, which SFT learns.
+
+Prompts, completions, chosen and rejected may each be text or a list of messages (TRL's
+conversational form: the prompt holds the turns so far, the response the assistant's turn),
+but one row does not mix the two.
+
+Covers: missing columns, wrong types, malformed messages, unknown roles, empty responses,
+identical chosen/rejected, non-numeric margins. Does not cover: whether the text suits the
+tokenizer or fits the context length (the trainer checks those where it tokenizes).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Sequence
+import math
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from posttrain.data.loading import DataError, Row
+from posttrain.data.loading import DataError, Row, Rows
 
 FORMATS = ("prompt", "prompt_completion", "preference", "conversational")
 ROLES = ("system", "user", "assistant", "tool")
@@ -26,41 +36,65 @@ REQUIRED = {
     "preference": ("prompt", "chosen", "rejected"),
     "conversational": ("messages",),
 }
+RESPONSES = ("completion", "chosen", "rejected")  # must hold text a model can be trained on
+_SHOWN_ROWS = 5  # row indices listed per reason in a skip summary
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What is wrong with one row: the field, a short label to count by, and the details."""
+
+    field: str
+    label: str  # reads with the field name in place of {field}: "empty {field}"
+    detail: str
 
 
 @dataclass
 class ValidationReport:
-    """What validation kept and what it skipped, by reason."""
+    """The rows validation kept, the format they were read as, and what it skipped, by reason."""
 
     kept: list[Row]
+    data_format: str
+    total: int
     skipped: dict[str, list[int]] = field(default_factory=dict)  # reason → row indices
 
-    def summary(self, total: int) -> str:
+    def summary(self) -> str:
+        """One line a person can act on:
+        ``skipped 3 of 200 rows: 2 empty 'completion' (rows 4, 17); 1 missing 'prompt' (row 9)``."""
         if not self.skipped:
-            return f"all {total} rows are valid"
+            return f"all {self.total} rows are valid"
         parts = []
-        for reason, rows in sorted(self.skipped.items(), key=lambda kv: -len(kv[1])):
-            shown = ", ".join(map(str, rows[:5])) + (", ..." if len(rows) > 5 else "")
+        for reason, rows in sorted(self.skipped.items(), key=lambda item: (-len(item[1]), item[0])):
+            shown = ", ".join(map(str, rows[:_SHOWN_ROWS])) + (", ..." if len(rows) > _SHOWN_ROWS else "")
             parts.append(f"{len(rows)} {reason} (row{'s' if len(rows) > 1 else ''} {shown})")
-        skipped = sum(len(r) for r in self.skipped.values())
-        return f"skipped {skipped} of {total} rows: " + "; ".join(parts)
+        count = sum(len(rows) for rows in self.skipped.values())
+        return f"skipped {count} of {self.total} rows: " + "; ".join(parts)
 
 
 def detect_format(columns: Sequence[str]) -> str:
     """The format a set of columns implies (most specific first)."""
-    names = set(columns)
-    if {"chosen", "rejected"} <= names:
-        return "preference"
-    if "messages" in names:
-        return "conversational"
-    if {"prompt", "completion"} <= names:
-        return "prompt_completion"
-    if "prompt" in names:
-        return "prompt"
-    raise DataError(
-        f"cannot tell the data format from the columns {sorted(names)}; expected 'prompt' (set data.prompt_column "
-        "if it is named otherwise), 'prompt'+'completion', 'prompt'+'chosen'+'rejected', or 'messages'"
-    )
+    format_ = _format_of(columns)
+    if format_ is None:
+        raise DataError(
+            f"cannot tell the data format from the columns {sorted(columns)}; expected 'prompt' (set "
+            "data.prompt_column if it is named otherwise), 'prompt'+'completion', 'prompt'+'chosen'+'rejected', "
+            "or 'messages'"
+        )
+    return format_
+
+
+def infer_format(rows: Sequence[Row], prompt_column: str = "prompt") -> str:
+    """The format most rows' columns imply (`prompt_column` counts as ``prompt``).
+
+    A vote rather than the first row's columns, so that one row missing its completion is
+    reported as such instead of turning the whole file into prompt-only data.
+    """
+    votes = Counter(_format_of(_canonical(row, prompt_column)) for row in rows)
+    del votes[None]
+    if not votes:
+        return detect_format(_canonical(rows[0], prompt_column) if rows else [])
+    most = max(votes.values())
+    return next(format_ for format_ in FORMATS[::-1] if votes[format_] == most)  # ties: most specific
 
 
 def validate_rows(
@@ -70,75 +104,163 @@ def validate_rows(
     data_format: str | None = None,
     prompt_column: str = "prompt",
     on_bad_row: str = "error",
+    allowed_formats: Sequence[str] | None = None,
 ) -> ValidationReport:
-    """Check every row; raise naming the first bad row (``on_bad_row="error"``) or skip bad
-    rows and count them by reason (``"skip"``). A file with no valid row is always an error."""
+    """Check every row before training; the kept rows have `prompt_column` renamed ``prompt``.
+
+    ``on_bad_row="error"`` raises at the first bad row, naming `source`, the row (counted
+    from 0, as in ``dataset[i]``; with its line for JSON Lines) and the field. ``"skip"``
+    drops bad rows and counts them by reason (:meth:`ValidationReport.summary`). A source
+    with no valid row is an error either way. `allowed_formats` lists the formats the caller
+    can train on (an SFT run cannot use prompt-only rows), so a mismatch fails here, not in
+    the middle of a run.
+    """
     if on_bad_row not in ("error", "skip"):
         raise ValueError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
     if not rows:
         raise DataError(f"{source} holds no rows")
-    renamed = [_renamed(row, prompt_column) for row in rows]
-    fmt = data_format or detect_format(list(renamed[0]))
-    if fmt not in FORMATS:
-        raise DataError(f"unknown data format {fmt!r}; valid: {', '.join(FORMATS)}")
+    _check_prompt_column(rows, prompt_column, source)
+    format_ = data_format or infer_format(rows, prompt_column)
+    if format_ not in FORMATS:
+        raise DataError(f"unknown data format {format_!r}; valid: {', '.join(FORMATS)}")
+    if allowed_formats is not None and format_ not in allowed_formats:
+        needed = " or ".join(map(repr, allowed_formats))
+        raise DataError(
+            f"{source}: rows are in the {format_!r} format, but this run needs {needed} (columns: {_keys(rows[0])})"
+        )
+    where = rows.where if isinstance(rows, Rows) else (lambda index: f"row {index}")
     kept, skipped = [], defaultdict(list)
-    for index, row in enumerate(renamed):
-        problem = _problem(row, fmt)
+    for index, row in enumerate(rows):
+        problem = check_row(row, format_, prompt_column)
         if problem is None:
-            kept.append(row)
+            kept.append(_renamed(row, prompt_column))
         elif on_bad_row == "error":
-            field_name, reason = problem
-            raise DataError(f"{source}, row {index}, field {field_name!r}: {reason}")
+            raise DataError(f"{source}, {where(index)}, field {problem.field!r}: {problem.detail}")
         else:
-            skipped[f"{problem[1]} in {problem[0]!r}"].append(index)
-    report = ValidationReport(kept, dict(skipped))
+            skipped[problem.label.format(field=repr(problem.field))].append(index)
+    report = ValidationReport(kept, format_, len(rows), dict(skipped))
     if not kept:
-        raise DataError(f"{source}: no valid row; {report.summary(len(rows))}")
+        raise DataError(f"{source}: no valid row; {report.summary()}")
     return report
 
 
+def check_row(row: Mapping[str, Any], data_format: str, prompt_column: str = "prompt") -> Problem | None:
+    """The first problem of a row read as `data_format`, or None when it is valid."""
+    columns = {name: prompt_column if name == "prompt" else name for name in REQUIRED[data_format]}
+    for column in columns.values():
+        if row.get(column) is None:
+            needed = ", ".join(columns.values())
+            return Problem(
+                column, "missing {field}", f"missing; {data_format} rows need {needed} (row has: {_keys(row)})"
+            )
+    for name, column in columns.items():
+        problem = _value_problem(name, column, row[column])
+        if problem is not None:
+            return problem
+    return _pair_problem(row, data_format, columns)
+
+
+def _value_problem(name: str, column: str, value: Any) -> Problem | None:
+    """`name` is the field's role (prompt, completion, ...), `column` what the data calls it."""
+    if isinstance(value, list):
+        return _messages_problem(name, column, value)
+    if name == "messages":
+        return Problem(column, "malformed {field}", f"expected a list of messages, found {type(value).__name__}")
+    if not isinstance(value, str):
+        found = f"{type(value).__name__} {_short(value)}"
+        return Problem(column, "non-text {field}", f"expected text or a list of messages, found {found}")
+    if name in RESPONSES and not value.strip():
+        return Problem(column, "empty {field}", "empty text; a response to train on needs at least one character")
+    return None
+
+
+def _messages_problem(name: str, column: str, messages: list[Any]) -> Problem | None:
+    """Messages must be ``{"role", "content"}`` objects with a known role and text content; a
+    response's (and a ``messages`` conversation's) last turn is the assistant's, non-empty."""
+    if not messages:
+        return Problem(column, "empty {field}", "an empty list of messages")
+    for turn, message in enumerate(messages):
+        if not isinstance(message, Mapping) or not {"role", "content"} <= message.keys():
+            found = _keys(message) if isinstance(message, Mapping) else type(message).__name__
+            return Problem(column, "malformed {field}", f"message {turn} is not a {{role, content}} object ({found})")
+        if message["role"] not in ROLES:
+            role = message["role"]
+            detail = f"message {turn} has unknown role {role!r}; valid: {', '.join(ROLES)}"
+            return Problem(column, "unknown role in {field}", detail)
+        if not isinstance(message["content"], str):
+            content = f"{type(message['content']).__name__} {_short(message['content'])}"
+            return Problem(column, "non-text {field}", f"message {turn} content is {content}, expected text")
+    if name in (*RESPONSES, "messages"):
+        last = messages[-1]
+        if last["role"] != "assistant":
+            detail = f"the last message is {last['role']!r}'s; it must be the assistant's"
+            return Problem(column, "no assistant turn in {field}", detail)
+        if not last["content"].strip():
+            return Problem(column, "empty {field}", "the assistant's message is empty")
+    return None
+
+
+def _pair_problem(row: Mapping[str, Any], data_format: str, columns: Mapping[str, str]) -> Problem | None:
+    """Checks across fields: text and messages not mixed, two different responses, a margin."""
+    used = [column for name, column in columns.items() if name != "messages"]
+    is_messages = {column: isinstance(row[column], list) for column in used}
+    odd = next((column for column in used[1:] if is_messages[column] != is_messages[used[0]]), None)
+    if odd is not None:
+        this, first = ("messages", "text") if is_messages[odd] else ("text", "messages")
+        return Problem(odd, "text and messages mixed in {field}", f"is {this} but {used[0]!r} is {first}; use one form")
+    if data_format != "preference":
+        return None
+    if row["chosen"] == row["rejected"]:
+        return Problem("rejected", "{field} identical to 'chosen'", "identical to 'chosen'; a pair needs two responses")
+    margin = row.get("margin")
+    if margin is not None and (
+        isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin)
+    ):
+        found = f"{type(margin).__name__} {_short(margin)}"
+        return Problem("margin", "bad {field}", f"expected a finite number, found {found}")
+    return None
+
+
+def _check_prompt_column(rows: Sequence[Row], prompt_column: str, source: str) -> None:
+    """A renamed prompt column must not collide with a column already called ``prompt``."""
+    if prompt_column == "prompt":
+        return
+    for index, row in enumerate(rows):
+        if prompt_column in row and "prompt" in row:
+            raise DataError(
+                f"{source}, row {index}: has both {prompt_column!r} (data.prompt_column) and 'prompt'; "
+                "rename or drop one of them"
+            )
+
+
 def _renamed(row: Row, prompt_column: str) -> Row:
+    """`row` with `prompt_column` renamed ``prompt``; the row itself when there is nothing to rename."""
     if prompt_column == "prompt" or prompt_column not in row:
         return row
-    return {("prompt" if k == prompt_column else k): v for k, v in row.items()}
+    return {("prompt" if key == prompt_column else key): value for key, value in row.items()}
 
 
-def _problem(row: Row, fmt: str) -> tuple[str, str] | None:
-    """(field, reason) of the first problem of a row, or None."""
-    for name in REQUIRED[fmt]:
-        if name not in row or row[name] is None:
-            return name, "missing"
-    if fmt == "conversational":
-        return _message_problem(row["messages"], "messages", need_assistant=False)
-    for name in REQUIRED[fmt]:
-        value = row[name]
-        if isinstance(value, list):
-            problem = _message_problem(value, name, need_assistant=name != "prompt")
-            if problem:
-                return problem
-        elif not isinstance(value, str):
-            return name, f"expected text, found {type(value).__name__}"
-        elif name != "prompt" and not value.strip():
-            return name, "empty"
-    if fmt == "preference":
-        if row["chosen"] == row["rejected"]:
-            return "rejected", "identical to chosen"
-        margin = row.get("margin")
-        if margin is not None and not isinstance(margin, (int, float)):
-            return "margin", f"expected a number, found {type(margin).__name__}"
+def _canonical(row: Mapping[str, Any], prompt_column: str) -> list[str]:
+    return ["prompt" if key == prompt_column else key for key in row]
+
+
+def _format_of(columns: Sequence[str]) -> str | None:
+    names = set(columns)
+    if {"chosen", "rejected"} <= names:
+        return "preference"
+    if "messages" in names:
+        return "conversational"
+    if {"prompt", "completion"} <= names:
+        return "prompt_completion"
+    if "prompt" in names:
+        return "prompt"
     return None
 
 
-def _message_problem(messages: Any, name: str, need_assistant: bool) -> tuple[str, str] | None:
-    if not isinstance(messages, list) or not messages:
-        return name, "expected a non-empty list of messages"
-    for turn, message in enumerate(messages):
-        if not isinstance(message, dict) or not {"role", "content"} <= message.keys():
-            return name, f"message {turn} is not a {{'role', 'content'}} object"
-        if message["role"] not in ROLES:
-            return name, f"message {turn} has unknown role {message['role']!r} (valid: {', '.join(ROLES)})"
-        if not isinstance(message["content"], str):
-            return name, f"message {turn} content is {type(message['content']).__name__}, expected text"
-    if need_assistant and messages[-1]["role"] != "assistant":
-        return name, "the last message must be the assistant's"
-    return None
+def _keys(row: Mapping[str, Any]) -> str:
+    return ", ".join(map(str, row)) or "no columns"
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

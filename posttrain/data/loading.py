@@ -1,8 +1,11 @@
 """Read rows from the local files users bring: jsonl, json, parquet, csv, or a saved
-``datasets`` folder. Rows are plain dicts; every column is kept (reward functions see them).
+``datasets`` folder. Rows are plain dicts and every column is kept (reward functions see them).
 
-JSON Lines are read line by line so that a bad line is reported by its number; the other
-formats go through pyarrow / ``datasets``.
+Rows are returned as a list: they are small here and the RL loop samples them at random.
+JSON Lines are read line by line so that a bad line is reported by its number, and the rows
+remember their line numbers so that later validation can point at the line too. The other
+formats go through pyarrow or ``datasets``, which read them faster and type them better than
+we would by hand.
 """
 
 from __future__ import annotations
@@ -19,13 +22,38 @@ class DataError(ValueError):
     """A data file that cannot be used; the message names the file, row and field."""
 
 
-def load_rows(path: str | Path, *, split: str | None = None) -> list[Row]:
-    """All rows of a local data file or saved ``datasets`` folder, as dicts."""
+class Rows(list[Row]):
+    """The rows of one source: a plain list, plus where each row sits in its file.
+
+    ``line_numbers[i]`` is the 1-based line of row ``i`` in a JSON Lines file (blank lines
+    make it differ from ``i + 1``); ``None`` for formats without lines.
+    """
+
+    def __init__(self, rows: list[Row], line_numbers: list[int] | None = None) -> None:
+        super().__init__(rows)
+        self.line_numbers = line_numbers
+
+    def where(self, index: int) -> str:
+        """``"row 4"``, or ``"row 4 (line 6)"`` when the line is known."""
+        if self.line_numbers is None:
+            return f"row {index}"
+        return f"row {index} (line {self.line_numbers[index]})"
+
+
+def load_rows(path: str | Path, *, split: str | None = None) -> Rows:
+    """All rows of a local data file or a ``save_to_disk`` folder, as dicts.
+
+    `split` picks one split of a saved ``DatasetDict``; it may be left out when the folder
+    holds one split only. A file, or a folder with a single ``Dataset``, has no splits, and
+    naming one is an error rather than silently ignored.
+    """
     path = Path(path).expanduser()
     if not path.exists():
         raise DataError(f"data path {str(path)!r} does not exist (posttrain reads local files only)")
     if path.is_dir():
         return _load_saved_dataset(path, split)
+    if split is not None:
+        raise DataError(f"{path}: a single file has no splits; drop split={split!r} (data.split)")
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         return _load_jsonl(path)
@@ -36,46 +64,49 @@ def load_rows(path: str | Path, *, split: str | None = None) -> list[Row]:
     raise DataError(f"{path}: unsupported file type {suffix!r}; use one of {', '.join(SUFFIXES)} or a datasets folder")
 
 
-def _load_jsonl(path: Path) -> list[Row]:
-    rows = []
+def _load_jsonl(path: Path) -> Rows:
+    rows, line_numbers = [], []
+    # bytes, not text: a non-UTF-8 line is then reported by its number instead of aborting
+    # the whole read with an offset into the file
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as error:
                 raise DataError(
-                    f"{path}, line {number}: not valid UTF-8 ({error.reason} at byte {error.start})"
+                    f"{path}, line {number}: not valid UTF-8 ({error.reason} at byte {error.start + 1} of the line)"
                 ) from None
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(line.rstrip("\r\n"))  # so that a column past the end is on this line
             except json.JSONDecodeError as error:
-                raise DataError(f"{path}, line {number}: invalid JSON ({error.msg}, column {error.colno})") from None
+                raise DataError(f"{path}, line {number}: invalid JSON ({error.msg} at column {error.colno})") from None
             if not isinstance(row, dict):
-                raise DataError(f"{path}, line {number}: expected a JSON object, found {type(row).__name__}")
+                raise DataError(f"{path}, line {number}: expected a JSON object, found {_json_type(row)}")
             rows.append(row)
-    return rows
+            line_numbers.append(number)
+    return Rows(rows, line_numbers)
 
 
-def _load_json(path: Path) -> list[Row]:
+def _load_json(path: Path) -> Rows:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as error:
         raise DataError(f"{path}: not valid UTF-8 ({error.reason} at byte {error.start})") from None
     except json.JSONDecodeError as error:
-        raise DataError(f"{path}: invalid JSON ({error.msg}, line {error.lineno} column {error.colno})") from None
+        raise DataError(f"{path}: invalid JSON ({error.msg} at line {error.lineno}, column {error.colno})") from None
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         data = data["data"]
     if not isinstance(data, list):
-        raise DataError(f'{path}: expected a list of objects (or {{"data": [...]}}), found {type(data).__name__}')
+        raise DataError(f'{path}: expected a list of objects (or {{"data": [...]}}), found {_json_type(data)}')
     for index, row in enumerate(data):
         if not isinstance(row, dict):
-            raise DataError(f"{path}, row {index}: expected an object, found {type(row).__name__}")
-    return data
+            raise DataError(f"{path}, row {index}: expected a JSON object, found {_json_type(row)}")
+    return Rows(data)
 
 
-def _load_tabular(path: Path, suffix: str) -> list[Row]:
+def _load_tabular(path: Path, suffix: str) -> Rows:
     import pyarrow.csv
     import pyarrow.parquet
 
@@ -83,21 +114,35 @@ def _load_tabular(path: Path, suffix: str) -> list[Row]:
         table = pyarrow.parquet.read_table(path) if suffix == ".parquet" else pyarrow.csv.read_csv(path)
     except Exception as error:  # pyarrow raises ArrowInvalid, OSError, ... for damaged files
         raise DataError(f"{path}: cannot be read as {suffix[1:]} ({error})") from None
-    return table.to_pylist()
+    return Rows(table.to_pylist())
 
 
-def _load_saved_dataset(path: Path, split: str | None) -> list[Row]:
+def _load_saved_dataset(path: Path, split: str | None) -> Rows:
     from datasets import Dataset, DatasetDict, load_from_disk
 
     try:
         data = load_from_disk(str(path))
     except FileNotFoundError:
-        raise DataError(f"{path} is a folder but not a saved datasets folder (save_to_disk output)") from None
+        raise DataError(
+            f"{path} is a folder but not one written by datasets' save_to_disk; "
+            f"give a file ({', '.join(SUFFIXES)}) or a saved dataset"
+        ) from None
     if isinstance(data, DatasetDict):
+        splits = ", ".join(data)
         if split is None and len(data) == 1:
             split = next(iter(data))
+        if split is None:
+            raise DataError(f"{path} holds several splits; choose one with data.split: {splits}")
         if split not in data:
-            raise DataError(f"{path}: choose a split with data.split; available: {', '.join(data)}")
+            raise DataError(f"{path} has no split {split!r}; available: {splits}")
         data = data[split]
+    elif split is not None:
+        raise DataError(f"{path} holds a single dataset with no splits; drop split={split!r} (data.split)")
     assert isinstance(data, Dataset)
-    return data.to_list()
+    return Rows(data.to_list())
+
+
+def _json_type(value: Any) -> str:
+    """JSON's name for a parsed value's type (what the user wrote, not Python's name)."""
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")

@@ -1,4 +1,8 @@
-"""Built-in tasks that generate their own data from a seed, by name (``data.task``)."""
+"""Built-in tasks that generate their own data from a seed, by name (``data.task``).
+
+A task is a function ``(n_train, n_test, seed) -> TaskData``: the same arguments give the
+same rows, and no held-out row is in training. Add one with ``@TASKS.register("name")``.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ from posttrain.data.tasks import arithmetic, preference, reverse
 
 @dataclass(frozen=True)
 class TaskData:
+    """A task's rows, in the formats of ``posttrain.data.formats``."""
+
     train: list[dict[str, Any]]
     held_out: list[dict[str, Any]]
     reward: str | None  # the built-in reward that scores this task (None for preference data)
@@ -23,22 +29,32 @@ TASKS = Registry("task")
 
 @TASKS.register("reverse")
 def _reverse(n_train: int, n_test: int, seed: int) -> TaskData:
+    """Reverse a name (prompt/completion + ``name``); held-out starts with the lecture's names."""
     train, held_out = reverse.split_names(n_train, n_test, seed=seed)
     return TaskData(reverse.make_rows(train), reverse.make_rows(held_out), "reverse")
 
 
 @TASKS.register("arithmetic")
 def _arithmetic(n_train: int, n_test: int, seed: int) -> TaskData:
+    """Word problems with + − × (prompt/completion + ``answer``), scored by the ``math`` reward."""
     train, held_out = arithmetic.split_problems(n_train, n_test, seed=seed)
     return TaskData(train, held_out, "math")
 
 
 @TASKS.register("preference")
 def _preference(n_train: int, n_test: int, seed: int) -> TaskData:
+    """Preference pairs labelled by ``preference.true_preference_score``."""
     train, held_out = preference.split_pairs(n_train, n_test, seed=seed)
     return TaskData(train, held_out, None)
 
 
+@TASKS.register("preference_noisy")
+def _preference_noisy(n_train: int, n_test: int, seed: int) -> TaskData:
+    """The same pairs with ``preference.LABEL_NOISE`` of the training labels flipped; held-out clean."""
+    train, held_out = preference.split_pairs(n_train, n_test, seed=seed, label_noise=preference.LABEL_NOISE)
+    return TaskData(train, held_out, None)
+
+
 def get_task(name: str) -> Callable[[int, int, int], TaskData]:
-    """The task generator called ``name``; an unknown name lists the valid ones."""
+    """The task generator called `name`; an unknown name lists the valid ones."""
     return TASKS[name]

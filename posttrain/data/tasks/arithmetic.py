@@ -1,57 +1,99 @@
 """Short arithmetic word problems with numeric answers (seed 000, example 2, R1-Zero style).
 
-Small numbers and a handful of templates, so that a tiny character-level model can learn the
-task; completions show the worked step in the seed's format
-``<think> 3 + 5 = 8 </think><answer> 8 </answer>`` for the short SFT before RL.
+``"Tom has 3 apples and buys 5 more. How many apples does Tom have?"`` → ``"8"``. Six
+templates, two each for +, − and ×, filled with a name, an item and small numbers (sums of
+1–20, differences that stay ≥ 0, products of 2–9), so that a tiny character-level model can
+learn the task. Completions show the worked step in the seed's format,
+``<think> 3 + 5 = 8 </think><answer> 8 </answer>``, for a short SFT before RL; the ``answer``
+column is what the ``math`` reward checks.
+
+Held-out prompts never occur in training, but the same sum may, worded differently (as in
+any word-problem set): the task tests reading a new problem and doing small arithmetic, not
+discovering multiplication facts never seen.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from dataclasses import dataclass
 
-# (question template, operator symbol, result); numbers are drawn so results stay >= 0
-TEMPLATES: tuple[tuple[str, str, Callable[[int, int], int]], ...] = (
-    ("Tom has {a} apples and buys {b} more. How many apples does he have?", "+", lambda a, b: a + b),
-    ("A jar holds {a} coins. Ann adds {b} coins. How many coins are in the jar?", "+", lambda a, b: a + b),
-    ("Sam has {a} pens and gives away {b}. How many pens are left?", "-", lambda a, b: a - b),
-    ("A shelf has {a} books. {b} are taken. How many books remain?", "-", lambda a, b: a - b),
-    ("A box holds {a} eggs. How many eggs are in {b} boxes?", "*", lambda a, b: a * b),
+
+@dataclass(frozen=True)
+class Template:
+    question: str  # with {name}, {items}, {a} and {b}
+    op: str  # "+", "-" or "*", as written in the completion
+
+
+TEMPLATES = (
+    Template("{name} has {a} {items} and buys {b} more. How many {items} does {name} have?", "+"),
+    Template("A jar holds {a} {items}. {name} adds {b} more. How many {items} are in the jar?", "+"),
+    Template("{name} has {a} {items} and gives away {b}. How many {items} are left?", "-"),
+    Template("A shelf has {a} {items}. {name} takes {b} away. How many {items} remain?", "-"),
+    Template("{name} has {a} bags with {b} {items} in each. How many {items} in all?", "*"),
+    Template("There are {a} boxes of {b} {items}. How many {items} are there?", "*"),
 )
+NAMES = ("Tom", "Ann", "Sam", "Lee", "Mia", "Max", "Zoe", "Ben")
+ITEMS = ("apples", "pens", "coins", "books", "cards", "eggs", "shells", "stamps")
+OPERANDS = {
+    "+": [(a, b) for a in range(1, 21) for b in range(1, 21)],
+    "-": [(a, b) for a in range(1, 21) for b in range(1, a + 1)],  # b ≤ a: nothing negative
+    "*": [(a, b) for a in range(2, 10) for b in range(2, 10)],
+}
 
 
-def make_problem(rng: random.Random) -> tuple[int, int, int]:
-    """(template index, a, b) with a ≥ b for subtraction and small factors for products."""
-    index = rng.randrange(len(TEMPLATES))
-    symbol = TEMPLATES[index][1]
-    if symbol == "*":
-        return index, rng.randint(2, 9), rng.randint(2, 9)
-    a, b = rng.randint(1, 20), rng.randint(1, 20)
-    return (index, max(a, b), min(a, b)) if symbol == "-" else (index, a, b)
+def solve(op: str, a: int, b: int) -> int:
+    """a op b."""
+    return {"+": a + b, "-": a - b, "*": a * b}[op]
 
 
-def make_row(index: int, a: int, b: int) -> dict[str, str]:
-    template, symbol, result = TEMPLATES[index]
-    answer = str(result(a, b))
+def make_row(template: Template, name: str, items: str, a: int, b: int) -> dict[str, str]:
+    """``{prompt, answer, completion}`` for one problem."""
+    answer = str(solve(template.op, a, b))
     return {
-        "prompt": template.format(a=a, b=b),
+        "prompt": template.question.format(name=name, items=items, a=a, b=b),
         "answer": answer,
-        "completion": f"<think> {a} {symbol} {b} = {answer} </think><answer> {answer} </answer>",
+        "completion": f"<think> {a} {template.op} {b} = {answer} </think><answer> {answer} </answer>",
     }
 
 
-def split_problems(n_train: int, n_test: int, *, seed: int = 0) -> tuple[list[dict], list[dict]]:
-    """Disjoint train / held-out rows (no problem appears in both), deterministic by seed."""
-    space = sum(81 if t[1] == "*" else 400 for t in TEMPLATES)
-    if n_train + n_test > space:
-        raise ValueError(f"only {space} distinct problems exist; asked for {n_train + n_test}")
+def sample_row(rng: random.Random) -> dict[str, str]:
+    """One problem: the template uniformly (each operation a third of the time), then the rest."""
+    template = rng.choice(TEMPLATES)
+    return make_row(template, rng.choice(NAMES), rng.choice(ITEMS), *rng.choice(OPERANDS[template.op]))
+
+
+def split_problems(n_train: int, n_test: int, *, seed: int = 0) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """Disjoint (train, held_out) rows, deterministic by `seed`; no prompt is in both or twice.
+
+    The held-out rows are drawn first, so they stay the same whatever `n_train` is.
+    """
+    limit = max_problems()
+    if n_train + n_test > limit:
+        raise ValueError(f"asked for {n_train} + {n_test} problems; the arithmetic task draws at most {limit}")
     rng = random.Random(seed)
-    seen: set[tuple[int, int, int]] = set()
-    problems = []
-    while len(problems) < n_train + n_test:
-        problem = make_problem(rng)
-        if problem not in seen:
-            seen.add(problem)
-            problems.append(problem)
-    rows = [make_row(*p) for p in problems]
-    return rows[n_test:], rows[:n_test]
+    seen: set[str] = set()
+    held_out = _draw_distinct(n_test, rng, seen)
+    return _draw_distinct(n_train, rng, seen), held_out
+
+
+def max_problems() -> int:
+    """How many distinct problems `split_problems` will draw in all.
+
+    Each operation gets a third of the draws; capping them at half the prompts of the
+    operation with the fewest (×) keeps drawing without repeats quick to the end.
+    """
+    per_op = {op: 0 for op in OPERANDS}
+    for template in TEMPLATES:
+        per_op[template.op] += len(NAMES) * len(ITEMS) * len(OPERANDS[template.op])
+    return len(per_op) * min(per_op.values()) // 2
+
+
+def _draw_distinct(n: int, rng: random.Random, seen: set[str]) -> list[dict[str, str]]:
+    """`n` rows whose prompts are not in `seen` (which grows)."""
+    rows = []
+    while len(rows) < n:
+        row = sample_row(rng)
+        if row["prompt"] not in seen:
+            seen.add(row["prompt"])
+            rows.append(row)
+    return rows
