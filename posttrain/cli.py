@@ -54,6 +54,9 @@ def _eval(args: argparse.Namespace) -> int:
     model, tokenizer = load_causal_lm(args.model).eval(), load_tokenizer(args.model)
     task = get_task(args.task)(1, args.n, args.seed)
     rows = task.held_out
+    if not (args.reward or task.reward):
+        print(f"posttrain eval: task {args.task!r} has no reward to score with; pass --reward", file=sys.stderr)
+        return 2
     reward = resolve_reward(args.reward or task.reward).fn
     result = evaluate(model, tokenizer, rows, reward, max_new_tokens=args.max_new_tokens)
     report = {"task": args.task, "rows": len(rows), "greedy_accuracy": result.accuracy}

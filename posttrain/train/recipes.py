@@ -68,7 +68,7 @@ class DataSection(Section):
     path: str | None = None
     """Local data: .jsonl, .json, .parquet, .csv or a saved datasets folder. Overrides `task`."""
     task: str | None = None
-    """A built-in task that generates its data (reverse, arithmetic, preference)."""
+    """A built-in task that generates its data (reverse, arithmetic, preference, preference_noisy)."""
     prompt_column: str = "prompt"
     """Column holding the prompt, if not "prompt"."""
     format: Literal["prompt", "prompt_completion", "preference", "conversational"] | None = None
@@ -173,7 +173,7 @@ def run_sft(config: SFTRun) -> list[dict[str, float]]:
 
     torch.manual_seed(config.seed)
     model, tokenizer = build_model_and_tokenizer(config.model, config.seed)
-    train_rows, held_out, reward_name = load_rows(config.data, config.seed)
+    train_rows, held_out, reward_name = load_rows(config.data, config.seed, ("prompt_completion", "conversational"))
     objective = SFTObjective(model, tokenizer)
     examples = [objective.encode(row) for row in train_rows]
     evaluate_fn = None
@@ -202,7 +202,7 @@ def run_reward_model(config: RewardModelRun) -> list[dict[str, float]]:
     torch.manual_seed(config.seed)
     policy, tokenizer = build_model_and_tokenizer(config.model, config.seed)
     scorer = reward_model_from_policy(policy, tokenizer.pad_token_id)
-    train_rows, held_out, _ = load_rows(config.data, config.seed)
+    train_rows, held_out, _ = load_rows(config.data, config.seed, ("preference",))
     objective = RewardModelObjective(scorer, tokenizer, center_coef=config.center_coef)
     held_examples = [objective.encode(row) for row in held_out]
 
@@ -227,7 +227,7 @@ def run_dpo(config: DPORun) -> list[dict[str, float]]:
 
     torch.manual_seed(config.seed)
     model, tokenizer = build_model_and_tokenizer(config.model, config.seed)
-    train_rows, _, _ = load_rows(config.data, config.seed)
+    train_rows, _, _ = load_rows(config.data, config.seed, ("preference",))
     reference_context = None
     if config.model.lora is not None:
         from posttrain.models.lora import reference_policy

@@ -109,3 +109,13 @@ def test_reward_model_and_dpo_from_the_command_line(tmp_path):
     assert main(["dpo", *common, "model.lora.r=4", f"output_dir={tmp_path / 'dpo'}"]) == 0
     summary = json.loads((tmp_path / "dpo" / "summary.json").read_text())
     assert summary["first_step"]["dpo/margin"] == pytest.approx(0.0, abs=1e-6)  # LoRA B = 0: policy = reference
+
+
+def test_a_data_file_of_the_wrong_kind_fails_at_load_time(tmp_path, capsys):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "Reverse the name: sean. Answer:"}\n')
+    from posttrain.data import DataError
+
+    with pytest.raises(DataError, match="prompt"):
+        main(["sft", "--config", "configs/reverse_sft.yaml", *TINY, f"data.path={data}", f"output_dir={tmp_path}"])
+    assert not (tmp_path / "checkpoints").exists()
