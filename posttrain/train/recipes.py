@@ -151,14 +151,20 @@ def build_model_and_tokenizer(section: ModelSection, seed: int) -> tuple[Any, An
     return model, tokenizer
 
 
-def load_rows(section: DataSection, seed: int) -> tuple[list[dict], list[dict], str | None]:
-    """(train rows, held-out rows, name of the built-in reward that scores them, if any)."""
+def load_rows(
+    section: DataSection, seed: int, allowed_formats: tuple[str, ...] | None = None
+) -> tuple[list[dict], list[dict], str | None]:
+    """(train rows, held-out rows, name of the built-in reward that scores them, if any).
+
+    ``allowed_formats`` makes a file of the wrong kind (e.g. prompt-only rows for SFT) fail at
+    load time, naming the format found, rather than deep inside training."""
     if section.path is not None:
         options = {
             "data_format": section.format,
             "prompt_column": section.prompt_column,
             "on_bad_row": section.on_bad_row,
             "split": section.split,
+            "allowed_formats": allowed_formats,
         }
         held_out = read_dataset(section.eval_path, **options) if section.eval_path else []
         return read_dataset(section.path, **options), held_out, None
