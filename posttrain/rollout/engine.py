@@ -1,4 +1,10 @@
-"""The sampling loop every local engine shares: prompts in, :class:`Rollouts` out."""
+"""The sampling loop every local engine shares: prompts in, :class:`Rollouts` out.
+
+A *decoder* (the backend) only runs the model: ``prefill`` a batch of prompts, then
+``decode`` one token per row, and ``select`` rows to drop finished ones. Everything else —
+padding, groups of n, sampling rules, log-probs, stops, seeds, bookkeeping — lives here once,
+so the native decoder and the transformers fallback give the same outputs.
+"""
 
 from __future__ import annotations
 
@@ -11,79 +17,105 @@ from torch import Tensor, nn
 from posttrain.rollout.hf import TransformersDecoder
 from posttrain.rollout.native import NativeDecoder, unsupported_reason
 from posttrain.rollout.sampling import choose_tokens
+from posttrain.rollout.stops import StopStrings, stop_id_tensor
 from posttrain.rollout.types import Rollouts, SamplingParams
 
 ENGINE_KINDS = ("auto", "native", "transformers")
 
 
 class Decoder(Protocol):
-    def refresh(self) -> None: ...
-    def prefill(self, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int, repeats: int = 1) -> Tensor: ...
-    def decode(self, tokens: Tensor) -> Tensor: ...
+    """What the loop needs from a model backend. One batch at a time; ``prefill`` starts one."""
+
+    def refresh(self) -> None:
+        """Rebuild whatever was derived from the model's weights (fused matrices, ...)."""
+        ...
+
+    def prefill(self, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int, repeats: int = 1) -> Tensor:
+        """Encode left-padded prompts ``[U, P]``, each to be continued ``repeats`` times;
+        return next-token logits ``[U·repeats, V]``, prompt-major."""
+        ...
+
+    def decode(self, tokens: Tensor) -> Tensor:
+        """Append one token per running row ``[B]``; return next-token logits ``[B, V]``."""
+        ...
+
+    def select(self, rows: Tensor) -> None:
+        """Keep only the running rows ``rows [B']``, in that order."""
+        ...
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Token-id lists → ``(ids [U, P], mask [U, P])`` long, left-padded with ``pad_id``."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("generate() needs at least one prompt, and every prompt at least one token")
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, prompt in enumerate(prompts):
+        ids[i, width - len(prompt) :] = torch.as_tensor(list(prompt), dtype=torch.long)
+        mask[i, width - len(prompt) :] = 1
+    return ids, mask
 
 
 class LocalEngine:
-    """Generates with a model in this process (colocated with the trainer or not).
+    """A :class:`~posttrain.rollout.types.RolloutEngine` running a model in this process.
 
-    The model is held by reference: with ``update_weights(version)`` and no state dict the
-    engine only refreshes what it derived from the weights (the native decoder also does
-    this by itself when it sees an optimizer step changed them).
+    The model is held by reference: colocated with the trainer, ``update_weights(version)``
+    only refreshes what the decoder derived from the weights (the native decoder also notices
+    by itself when an optimizer step has changed them).
     """
 
     def __init__(self, model: nn.Module, tokenizer: Any, decoder: Decoder, policy_version: int = 0) -> None:
         self.model, self.tokenizer, self.decoder = model, tokenizer, decoder
         self.policy_version = policy_version
-        self.pad_id = tokenizer.pad_token_id
-        self.eos_id = tokenizer.eos_token_id
+        self.pad_id: int = tokenizer.pad_token_id
+        self.eos_id: int | None = tokenizer.eos_token_id
         if self.pad_id is None:
             raise ValueError("the tokenizer has no pad token; set one (e.g. tokenizer.pad_token = tokenizer.eos_token)")
 
     def update_weights(self, version: int, state_dict: Mapping[str, Tensor] | None = None) -> None:
+        """Adopt new weights: copy ``state_dict`` into the model if given, then refresh."""
         if state_dict is not None:
             self.model.load_state_dict(state_dict)
         self.decoder.refresh()
         self.policy_version = version
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> Rollouts:
-        if not prompts or any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
+        """Sample ``sampling.n`` responses per prompt (token ids, unpadded); B = len(prompts)·n rows."""
+        prompt_ids, prompt_mask = left_pad(prompts, self.pad_id)
         was_training = self.model.training
-        self.model.eval()
+        if was_training:  # eval() walks every submodule: skip it when there is nothing to switch
+            self.model.eval()
         try:
-            return self._generate(prompts, sampling)
+            with torch.inference_mode():
+                steps = self._sample(prompt_ids, prompt_mask, sampling)
         finally:
-            self.model.train(was_training)
+            if was_training:
+                self.model.train()
+        # built outside inference mode: the trainer multiplies these with tensors that need grad
+        return self._assemble(prompt_ids, prompt_mask, sampling.n, *steps)
 
-    def _generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> Rollouts:
+    def _sample(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingParams
+    ) -> tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor | None]]:
+        """The decoding loop. Returns, per step, the batch rows that ran, their tokens,
+        log-probs and stop hits (None when nothing can stop a response)."""
         device = next(self.model.parameters()).device
-        n = sampling.n
-        group_ids = torch.arange(len(prompts)).repeat_interleave(n)
-        width = max(len(p) for p in prompts)
-        unique_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        unique_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, prompt in enumerate(prompts):
-            unique_ids[i, width - len(prompt) :] = torch.tensor(list(prompt))
-            unique_mask[i, width - len(prompt) :] = 1
-        # prompt-major rows: prompt i's n samples are rows i·n … i·n + n − 1
-        prompt_ids, prompt_mask = unique_ids.repeat_interleave(n, 0), unique_mask.repeat_interleave(n, 0)
-        generator = None
-        if sampling.seed is not None:
-            generator = torch.Generator(device=device).manual_seed(sampling.seed)
-        stop_ids = torch.tensor(sorted({self.eos_id, *sampling.stop_token_ids} - {None}), dtype=torch.long)
-        banned = self.pad_id if self.pad_id != self.eos_id else None
+        batch = prompt_ids.shape[0] * sampling.n
+        generator = None if sampling.seed is None else torch.Generator(device=device).manual_seed(sampling.seed)
+        stop_ids = stop_id_tensor(self.eos_id, sampling.stop_token_ids)
+        stop_ids = None if stop_ids is None else stop_ids.to(device)
+        strings = StopStrings(self.tokenizer, sampling.stop_strings, batch) if sampling.stop_strings else None
+        banned = self.pad_id if self.pad_id != self.eos_id else None  # a sampled pad would read as padding
+        rows = torch.arange(batch, device=device)  # the output row of each running row
+        alive = torch.ones(batch, dtype=torch.bool, device=device)
+        trace: tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor | None]] = ([], [], [], [])
 
-        batch, steps = len(prompts) * n, sampling.max_new_tokens
-        tokens = torch.full((batch, steps), self.pad_id, dtype=torch.long)
-        logprobs = torch.zeros((batch, steps), dtype=torch.float32)
-        alive = torch.ones(batch, dtype=torch.bool)
-        lengths = torch.zeros(batch, dtype=torch.long)
-        stopped = torch.zeros(batch, dtype=torch.bool)
-        texts = [""] * batch if sampling.stop_strings else None
-
-        # each prompt is encoded once; the decoder copies its cache for the n samples
-        logits = self.decoder.prefill(unique_ids.to(device), unique_mask.to(device), steps, repeats=n)
-        for t in range(steps):
-            chosen, chosen_logprobs = choose_tokens(
+        logits = self.decoder.prefill(
+            prompt_ids.to(device), prompt_mask.to(device), sampling.max_new_tokens, repeats=sampling.n
+        )
+        for t in range(sampling.max_new_tokens):
+            tokens, logprobs = choose_tokens(
                 logits,
                 temperature=sampling.temperature,
                 top_k=sampling.top_k,
@@ -93,50 +125,76 @@ class LocalEngine:
                 banned_token=banned,
                 generator=generator,
             )
-            chosen, chosen_logprobs = chosen.cpu(), chosen_logprobs.float().cpu()
-            tokens[:, t] = torch.where(alive, chosen, self.pad_id)
-            logprobs[:, t] = torch.where(alive, chosen_logprobs, 0.0)
-            lengths += alive.long()
-            ended = alive & torch.isin(chosen, stop_ids)
-            if texts is not None:
-                ended |= self._hit_stop_string(texts, chosen, alive, sampling.stop_strings)
-            stopped |= ended
-            alive &= ~ended
-            if not alive.any() or t == steps - 1:
+            hit = None
+            if stop_ids is not None or strings is not None:
+                hit = torch.isin(tokens, stop_ids) if stop_ids is not None else torch.zeros_like(alive)
+                if strings is not None:
+                    hit |= strings.update(tokens, rows, alive)
+                hit &= alive
+            for column, value in zip(trace, (rows, tokens, logprobs, hit), strict=True):
+                column.append(value)
+            if t == sampling.max_new_tokens - 1:
                 break
-            # finished rows keep decoding a pad token (cheaper than reshaping the batch);
-            # their outputs are never read
-            logits = self.decoder.decode(torch.where(alive, chosen, self.pad_id).to(device))
+            if hit is not None:
+                alive &= ~hit
+                live = int(alive.sum())
+                if live == 0:
+                    break
+                if live <= len(alive) // 2:
+                    # drop finished rows once they are half the batch: decoding them is wasted work
+                    keep = torch.nonzero(alive).flatten()
+                    self.decoder.select(keep)
+                    tokens, rows, alive = tokens[keep], rows[keep], alive[keep]
+            # a finished row that is still in the batch decodes on; its later tokens are masked
+            logits = self.decoder.decode(tokens)
+        return trace
 
-        width_out = int(lengths.max()) if batch else 0
-        response_mask = (torch.arange(steps) < lengths.unsqueeze(-1)).float()[:, :width_out]
+    def _assemble(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        n: int,
+        rows: list[Tensor],
+        tokens: list[Tensor],
+        logprobs: list[Tensor],
+        hits: list[Tensor | None],
+    ) -> Rollouts:
+        """Scatter the per-step trace into ``[B, T]`` outputs, cut each row after its stop."""
+        batch, steps = prompt_ids.shape[0] * n, len(tokens)
+        out_tokens = torch.full((batch, steps), self.pad_id, dtype=torch.long)
+        out_logprobs = torch.zeros((batch, steps), dtype=torch.float32)
+        stopped_at = torch.zeros((batch, steps), dtype=torch.bool)
+        start = 0
+        for end in range(1, steps + 1):
+            # steps between two drops of finished rows ran the same rows: scatter them at once
+            if end < steps and rows[end] is rows[start]:
+                continue
+            index, columns = rows[start].cpu(), slice(start, end)
+            out_tokens[index, columns] = torch.stack(tokens[columns], -1).cpu()
+            out_logprobs[index, columns] = torch.stack(logprobs[columns], -1).float().cpu()
+            if hits[start] is not None:
+                stopped_at[index, columns] = torch.stack(hits[columns], -1).cpu()
+            start = end
+        stopped = stopped_at.any(-1)
+        # argmax finds the first stop; the stop token itself belongs to the response
+        lengths = torch.where(stopped, stopped_at.int().argmax(-1) + 1, steps)
+        width = int(lengths.max())
+        mask = torch.arange(width) < lengths[:, None]
         return Rollouts(
-            prompt_ids=prompt_ids,
-            prompt_mask=prompt_mask,
-            response_ids=tokens[:, :width_out],
-            response_mask=response_mask,
-            logprobs=logprobs[:, :width_out],
+            prompt_ids=prompt_ids.repeat_interleave(n, 0),
+            prompt_mask=prompt_mask.repeat_interleave(n, 0),
+            response_ids=out_tokens[:, :width].masked_fill(~mask, self.pad_id),
+            response_mask=mask.float(),
+            logprobs=out_logprobs[:, :width].masked_fill(~mask, 0.0),
             finish_reasons=["stop" if s else "length" for s in stopped.tolist()],
-            group_ids=group_ids,
+            group_ids=torch.arange(prompt_ids.shape[0]).repeat_interleave(n),
             policy_version=torch.full((batch,), self.policy_version, dtype=torch.long),
         )
 
-    def _hit_stop_string(self, texts: list[str], chosen: Tensor, alive: Tensor, stop_strings: Sequence[str]) -> Tensor:
-        """Extend each live row's text by its new token; True where a stop string now ends it."""
-        longest = max(len(s) for s in stop_strings)
-        hit = torch.zeros_like(alive)
-        for i in torch.nonzero(alive).flatten().tolist():
-            piece = self.tokenizer.decode([int(chosen[i])], skip_special_tokens=True)  # as vLLM matches
-            texts[i] += piece
-            # only the tail can contain a stop string that this token completed
-            tail = texts[i][-(longest + len(piece)) :]
-            hit[i] = any(s in tail for s in stop_strings)
-        return hit
-
 
 def build_engine(model: nn.Module, tokenizer: Any, kind: str = "auto", policy_version: int = 0) -> LocalEngine:
-    """A local engine: ``native`` for Llama/Qwen2 weights, ``transformers`` for anything, ``auto``
-    picks native when the model is supported."""
+    """A local engine: ``native`` for Llama/Qwen2 weights, ``transformers`` for any causal LM,
+    ``auto`` picks native when the model is supported."""
     if kind not in ENGINE_KINDS:
         raise ValueError(f"unknown rollout engine {kind!r}; valid: {', '.join(ENGINE_KINDS)}")
     reason = unsupported_reason(model)

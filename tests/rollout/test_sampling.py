@@ -1,4 +1,4 @@
-"""Sampling filters against hand-worked examples."""
+"""Sampling rules against hand-worked examples."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import math
 
 import torch
 
-from posttrain.rollout.sampling import choose_tokens, gumbel_max_sample, min_p_filter, top_k_filter, top_p_filter
+from posttrain.rollout.sampling import choose_tokens, min_p_filter, sample_categorical, top_k_filter, top_p_filter
 
 NEG = float("-inf")
+PROBS = [0.15, 0.5, 0.05, 0.3]
 
 
 def logits_of(probs):
@@ -18,43 +19,62 @@ def logits_of(probs):
 def test_top_k_keeps_the_k_largest():
     out = top_k_filter(torch.tensor([[1.0, 3.0, 2.0, 0.0]]), 2)
     assert out.tolist() == [[NEG, 3.0, 2.0, NEG]]
-    assert torch.equal(top_k_filter(torch.tensor([[1.0, 2.0]]), 0), torch.tensor([[1.0, 2.0]]))
+    assert top_k_filter(torch.tensor([[1.0, 2.0]]), 0).tolist() == [[1.0, 2.0]]
 
 
 def test_top_p_keeps_the_smallest_set_reaching_p():
-    # probabilities .5, .3, .15, .05: p = .7 needs the first two; p = .8 exactly reaches with two
-    out = top_p_filter(logits_of([0.15, 0.5, 0.05, 0.3]), 0.7)
-    assert torch.isinf(out).tolist() == [[True, False, True, False]]
-    out = top_p_filter(logits_of([0.15, 0.5, 0.05, 0.3]), 0.81)
-    assert torch.isinf(out).tolist() == [[False, False, True, False]]
-    tiny = top_p_filter(logits_of([0.15, 0.5, 0.05, 0.3]), 0.01)  # the top token always survives
-    assert torch.isinf(tiny).tolist() == [[True, False, True, True]]
+    # sorted: .5, .3, .15, .05. p = .7 needs the first two; .81 needs three; .01 keeps the top one
+    assert torch.isinf(top_p_filter(logits_of(PROBS), 0.7)).tolist() == [[True, False, True, False]]
+    assert torch.isinf(top_p_filter(logits_of(PROBS), 0.81)).tolist() == [[False, False, True, False]]
+    assert torch.isinf(top_p_filter(logits_of(PROBS), 0.01)).tolist() == [[True, False, True, True]]
 
 
 def test_min_p_drops_tokens_below_a_fraction_of_the_top():
-    # top .5; min_p .25 → threshold .125: .15 stays, .05 goes
-    out = min_p_filter(logits_of([0.15, 0.5, 0.05, 0.3]), 0.25)
-    assert torch.isinf(out).tolist() == [[False, False, True, False]]
+    # top .5; min_p .25 → threshold .125: .15 stays, .05 goes; min_p .7 → .35: only .5 stays
+    assert torch.isinf(min_p_filter(logits_of(PROBS), 0.25)).tolist() == [[False, False, True, False]]
+    assert torch.isinf(min_p_filter(logits_of(PROBS), 0.7)).tolist() == [[True, False, True, True]]
+
+
+def test_categorical_draws_follow_the_softmax_and_skip_impossible_tokens(monkeypatch):
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.log(torch.tensor([0.6, 0.0, 0.3, 0.1, 0.0])).expand(20000, 5)
+    draws = sample_categorical(logits, generator)
+    frequencies = torch.bincount(draws, minlength=5).float() / 20000
+    torch.testing.assert_close(frequencies, torch.tensor([0.6, 0.0, 0.3, 0.1, 0.0]), atol=0.015, rtol=0)
+    # even a uniform number of exactly 1 (rounding can get there) lands on a possible token
+    rand = torch.rand
+    monkeypatch.setattr(torch, "rand", lambda *args, **kwargs: torch.ones_like(rand(*args, **kwargs)))
+    assert sample_categorical(torch.tensor([[0.0, NEG, 1.0, NEG]]), generator).tolist() == [2]
 
 
 def test_greedy_bans_pad_and_reports_temperature_one_logprob():
-    logits = logits_of([0.6, 0.3, 0.1])
-    tokens, logprobs = choose_tokens(logits, temperature=0.5, greedy=True, banned_token=0)
+    tokens, logprobs = choose_tokens(logits_of([0.6, 0.3, 0.1]), temperature=0.5, greedy=True, banned_token=0)
     assert tokens.tolist() == [1]
     assert math.isclose(logprobs.item(), math.log(0.3), rel_tol=1e-6)
 
 
-def test_sampled_logprob_is_under_the_tempered_untruncated_distribution():
+def test_sampling_never_picks_the_banned_token():
+    logits = logits_of([0.98, 0.01, 0.01]).expand(2000, 3)
+    tokens, logprobs = choose_tokens(
+        logits, temperature=1.0, banned_token=0, generator=torch.Generator().manual_seed(0)
+    )
+    assert not tokens.eq(0).any() and tokens.eq(1).any() and tokens.eq(2).any()
+    # the reported log-prob is still under the full distribution, ban and all
+    torch.testing.assert_close(logprobs, torch.full((2000,), math.log(0.01)))
+
+
+def test_logprob_is_under_the_tempered_untruncated_distribution():
     logits = logits_of([0.6, 0.3, 0.1])
-    generator = torch.Generator().manual_seed(0)
-    tokens, logprobs = choose_tokens(logits, temperature=2.0, top_k=1, generator=generator)
-    assert tokens.tolist() == [0]  # top-k 1 leaves only the most likely token
-    tempered = torch.log_softmax(logits / 2.0, dim=-1)[0, 0]
-    assert math.isclose(logprobs.item(), tempered.item(), rel_tol=1e-6)
+    tokens, logprobs = choose_tokens(
+        logits, temperature=2.0, top_k=1, top_p=0.5, min_p=0.5, generator=torch.Generator().manual_seed(0)
+    )
+    assert tokens.tolist() == [0]  # the filters leave only the most likely token
+    assert math.isclose(logprobs.item(), torch.log_softmax(logits / 2.0, dim=-1)[0, 0].item(), rel_tol=1e-6)
 
 
-def test_gumbel_max_draws_follow_the_softmax():
-    generator = torch.Generator().manual_seed(0)
+def test_temperature_sharpens_the_draws():
     logits = logits_of([0.6, 0.3, 0.1]).expand(20000, 3)
-    counts = torch.bincount(gumbel_max_sample(logits, generator), minlength=3).float() / 20000
-    torch.testing.assert_close(counts, torch.tensor([0.6, 0.3, 0.1]), atol=0.015, rtol=0)
+    tokens, _ = choose_tokens(logits, temperature=0.5, generator=torch.Generator().manual_seed(1))
+    # softmax(log p / 0.5) ∝ p²: .36, .09, .01 → .783, .196, .022
+    frequencies = torch.bincount(tokens, minlength=3).float() / 20000
+    torch.testing.assert_close(frequencies, torch.tensor([0.7826, 0.1957, 0.0217]), atol=0.015, rtol=0)

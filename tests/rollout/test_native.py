@@ -1,0 +1,77 @@
+"""The native decoder computes what transformers computes, and refuses what it cannot."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, GPT2Config
+
+from posttrain.rollout.engine import build_engine
+from posttrain.rollout.native import NativeDecoder, unsupported_reason
+from tests.rollout.conftest import tiny_model
+
+
+@pytest.mark.parametrize("kv_heads", [None, 2], ids=["mha-untied", "gqa-tied-theta500"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_logits_equal_transformers_on_a_left_padded_batch(tokenizer, arch, kv_heads):
+    model = tiny_model(tokenizer, arch, kv_heads=kv_heads)
+    decoder = NativeDecoder(model)
+    prompts = torch.tensor([[0, 0, 0, 5, 6, 7], [8, 9, 10, 11, 12, 13], [0, 14, 15, 16, 17, 18]])
+    mask = (prompts != 0).long()
+    repeats, steps = 2, 4
+    # each prompt's two samples continue with different tokens
+    continuations = torch.randint(4, len(tokenizer), (3 * repeats, steps), generator=torch.Generator().manual_seed(0))
+    logits = [decoder.prefill(prompts, mask, max_new_tokens=steps, repeats=repeats)]
+    logits += [decoder.decode(continuations[:, t]) for t in range(steps)]
+    ids = torch.cat([prompts.repeat_interleave(repeats, 0), continuations], 1)
+    full_mask = torch.cat([mask.repeat_interleave(repeats, 0), torch.ones_like(continuations)], 1)
+    with torch.no_grad():
+        positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
+        reference = model(input_ids=ids, attention_mask=full_mask, position_ids=positions).logits
+    for t, got in enumerate(logits):
+        torch.testing.assert_close(got, reference[:, prompts.shape[1] - 1 + t], atol=1e-5, rtol=0)
+
+
+def test_dropping_rows_keeps_the_others_exact(tokenizer):
+    model = tiny_model(tokenizer, "qwen2", kv_heads=2)
+    decoder, reference = NativeDecoder(model), NativeDecoder(model)
+    prompts = torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11]])
+    mask = (prompts != 0).long()
+    tokens = torch.tensor([20, 21, 22, 23])
+    decoder.prefill(prompts, mask, max_new_tokens=3, repeats=2)
+    reference.prefill(prompts, mask, max_new_tokens=3, repeats=2)
+    decoder.decode(tokens)
+    expected = reference.decode(tokens)
+    decoder.select(torch.tensor([1, 3]))
+    torch.testing.assert_close(decoder.decode(tokens[[1, 3]]), reference.decode(tokens)[[1, 3]], atol=1e-6, rtol=0)
+    assert expected.shape == (4, len(tokenizer))
+
+
+def test_unsupported_configs_are_named(tokenizer):
+    assert unsupported_reason(tiny_model(tokenizer, "llama")) is None
+    assert unsupported_reason(tiny_model(tokenizer, "qwen2", kv_heads=2)) is None
+
+    yarn = tiny_model(tokenizer, "llama")
+    yarn.config.rope_parameters = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0}
+    assert "rope_type 'yarn'" in unsupported_reason(yarn)
+
+    window = tiny_model(tokenizer, "qwen2")
+    window.config.use_sliding_window = True
+    assert "sliding-window" in unsupported_reason(window)
+
+    biased = tiny_model(tokenizer, "llama")
+    biased.model.layers[0].self_attn.o_proj.bias = nn.Parameter(torch.zeros(64))
+    assert "biases" in unsupported_reason(biased)
+
+    wrapped = tiny_model(tokenizer, "llama")
+    wrapped.model.layers[1].mlp.up_proj = nn.Sequential(wrapped.model.layers[1].mlp.up_proj)
+    assert "nn.Linear" in unsupported_reason(wrapped)
+
+    gpt2 = AutoModelForCausalLM.from_config(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2))
+    assert "model_type 'gpt2'" in unsupported_reason(gpt2)
+    with pytest.raises(ValueError, match="native' cannot run this model: model_type 'gpt2'"):
+        build_engine(gpt2, tokenizer, "native")
+    assert type(build_engine(gpt2, tokenizer, "auto").decoder).__name__ == "TransformersDecoder"
+    with pytest.raises(ValueError, match="valid: auto, native, transformers"):
+        build_engine(gpt2, tokenizer, "vllm2")
