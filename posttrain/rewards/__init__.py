@@ -3,7 +3,7 @@
 Importing this package registers the built-ins in :data:`REWARDS`.
 """
 
-from posttrain.rewards import math_answer, rules  # noqa: F401  (registers the built-ins)
+from posttrain.rewards import code, math_answer, rules  # noqa: F401  (registers the built-ins)
 from posttrain.rewards.compose import RewardFunctionError, RewardResult, RewardSet
 from posttrain.rewards.registry import REWARDS, NamedReward, RewardOutput, register_reward, resolve_reward
 
