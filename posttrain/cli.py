@@ -12,7 +12,17 @@ TRAINING_COMMANDS = {
     "sft": ("supervised fine-tuning (cold start) on prompt/completion or conversational data", "SFTRun", "run_sft"),
     "rm": ("train a Bradley-Terry reward model on preference pairs", "RewardModelRun", "run_reward_model"),
     "dpo": ("direct preference optimisation (sigmoid, ipo, hinge, robust)", "DPORun", "run_dpo"),
+    "rl": ("online RL: GRPO, PPO, DAPO, RLOO, ... as presets of one loop (algorithm=NAME)", "RLRun", "run_rl"),
 }
+
+
+def algorithm_presets() -> list[str]:
+    """Algorithm presets shipped in the package (``algorithm: NAME`` in an rl config)."""
+    from importlib import resources
+
+    return sorted(
+        Path(item.name).stem for item in resources.files("posttrain.presets").iterdir() if item.name.endswith(".yaml")
+    )
 
 
 def preset_names() -> list[str]:
@@ -23,10 +33,20 @@ def preset_names() -> list[str]:
 
 def _train(args: argparse.Namespace) -> int:
     from posttrain.config import ConfigError, describe, load_config
-    from posttrain.train import recipes
 
     _, config_name, runner_name = TRAINING_COMMANDS[args.command]
-    config_cls = getattr(recipes, config_name)
+    if args.command == "rl":
+        from posttrain.train import rl as runners
+        from posttrain.train.rl_config import RLRun as config_cls
+        from posttrain.train.rl_config import load_rl_config
+
+        def load(cls: type, path: str | None, overrides: list[str]) -> object:
+            return load_rl_config(path, overrides)
+    else:
+        from posttrain.train import recipes as runners
+
+        config_cls = getattr(runners, config_name)
+        load = load_config
     if args.options:
         for key, default, doc in describe(config_cls):
             print(f"{key:<34} {default:<22} {doc}")
@@ -34,11 +54,11 @@ def _train(args: argparse.Namespace) -> int:
     if args.resume is not None:
         args.overrides.append(f"resume={args.resume}")
     try:
-        config = load_config(config_cls, args.config, args.overrides)
+        config = load(config_cls, args.config, args.overrides)
     except ConfigError as error:
         print(f"posttrain {args.command}: {error}", file=sys.stderr)
         return 2
-    getattr(recipes, runner_name)(config)
+    getattr(runners, runner_name)(config)
     print(f"[{args.command}] done: {config.output_dir}/final (model), {config.output_dir}/report.html")
     return 0
 
@@ -80,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="posttrain",
         description="Post-train language models: SFT, reward models, DPO and one RL loop.",
-        epilog=f"presets in ./configs: {presets}. Example: posttrain sft --config configs/reverse_sft.yaml steps=100",
+        epilog=f"run configs in ./configs: {presets}. Algorithm presets for `rl` (algorithm=NAME): "
+        f"{', '.join(algorithm_presets())}. Example: posttrain rl --config configs/reverse_grpo.yaml algorithm=dapo",
     )
     commands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND")
     for name, (summary, _, _) in TRAINING_COMMANDS.items():

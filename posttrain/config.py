@@ -110,6 +110,8 @@ def _explain(config_cls: type[Section], item: Mapping[str, Any]) -> str:
         close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
         hint = f" Did you mean {'.'.join([*map(str, loc[:-1]), close[0]])!r}?" if close else ""
         return f"unknown key {dotted!r}; valid keys here: {', '.join(valid)}.{hint}"
+    if not loc:  # a check across several fields; its message names them
+        return str(item["msg"]).removeprefix("Value error, ")
     value = item.get("input")
     shown = repr(value) if not isinstance(value, Mapping) else "a mapping"
     return f"{dotted} = {shown}: {item['msg']}"

@@ -1,0 +1,716 @@
+"""The one online RL loop (seed 000): generate a group per prompt → score → advantages →
+clipped policy-gradient updates → the next batch samples from the updated weights.
+
+Every algorithm of ALGORITHMS.md is a setting of this loop, chosen by registry names in the
+config (``posttrain.train.rl_config``), never a subclass:
+
+    rollout      engine.generate(prompts, n = samples_per_prompt)            rollout/
+    reward       RewardSet.score → scores [B], components [B, K]             rewards/
+    reference    ℓ_ref when a KL is placed (frozen initial copy, or LoRA off)
+    critic       V(s_t) when the estimator is gae
+    shaping      r_t = 1[t = last]·score (− β·kl_t when the KL is in the reward)
+    advantages   ADVANTAGE_ESTIMATORS[algorithm.advantage]                   algos/
+    update       ppo_epochs × minibatches of POLICY_LOSSES[algorithm.policy_loss]
+                 (+ β·agg(kl) in the loss, − c_ent·agg(H)), clipped AdamW steps
+
+The policy is shared with the rollout engine by reference (colocated, no weight copy); the
+engine is told the new version after each step. Rollout, reward and update only exchange
+tensors and lists (:class:`~posttrain.train.rl_batch.RolloutBatch`), so each can move to
+another process later.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from posttrain.algos import (
+    ADVANTAGE_ESTIMATORS,
+    POLICY_LOSSES,
+    AdaptiveKLControllerHorizon,
+    AdaptiveKLControllerPPO,
+    FixedKLController,
+    RunningMeanBaseline,
+    actor_loss,
+    group_stats,
+    kl_estimate,
+    masked_mean,
+    overlong_reward_penalty,
+    place_scores_at_last_token,
+    shape_token_rewards,
+    value_loss,
+)
+from posttrain.algos.sampling import dapo_group_filter
+from posttrain.config import dump_config
+from posttrain.models.logprobs import response_logprobs
+from posttrain.rewards import NamedReward, RewardSet, resolve_reward
+from posttrain.rollout.engine import build_engine
+from posttrain.rollout.types import SamplingParams
+from posttrain.telemetry import MetricsLogger, Progress, write_report
+from posttrain.train.checkpoint import (
+    latest_checkpoint,
+    load_training_state,
+    load_weights_into,
+    quiet_progress_bars,
+    save_checkpoint,
+)
+from posttrain.train.offline import TrainingDiverged
+from posttrain.train.recipes import build_model_and_tokenizer, load_rows
+from posttrain.train.rl_batch import RolloutBatch, concat, from_rollouts
+from posttrain.train.rl_checks import StepWarnings, preflight_rewards
+from posttrain.train.rl_config import GROUP_ESTIMATORS, RLRun
+from posttrain.train.sampler import EpochSampler
+from posttrain.train.schedule import lr_multiplier
+
+Echo = Callable[[str], None]
+PROGRESS_KEYS = ("reward/mean", "eval/accuracy", "loss/policy", "kl/ref", "response/length_mean")
+
+
+def encode_prompt(tokenizer: Any, prompt: Any) -> list[int]:
+    """Token ids a sampler continues from: plain text as is, chat messages through the template."""
+    if isinstance(prompt, str):
+        return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    from posttrain.models.chat import chat_prompt_ids
+
+    return chat_prompt_ids(tokenizer, prompt)
+
+
+class OnlineRL:
+    """State of one RL run: policy, reference, critic, engine, optimizers, data order, controllers.
+
+    ``run()`` is the loop; ``step()`` one iteration of it, usable from Python. Built from an
+    :class:`RLRun` config; ``model``/``tokenizer`` and ``reward_functions`` may be given
+    directly by Python callers (they replace ``config.model`` / ``config.rewards``).
+    """
+
+    def __init__(
+        self,
+        config: RLRun,
+        *,
+        model: nn.Module | None = None,
+        tokenizer: Any = None,
+        reward_functions: Sequence[Callable[..., Any] | NamedReward] | None = None,
+        train_rows: Sequence[dict[str, Any]] | None = None,
+        held_out_rows: Sequence[dict[str, Any]] | None = None,
+        echo: Echo = print,
+    ) -> None:
+        self.config, self.algo, self.echo = config, config.algorithm, echo
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        torch.manual_seed(config.seed)
+        if model is None:
+            model, tokenizer = build_model_and_tokenizer(config.model, config.seed)
+        self.policy, self.tokenizer = model, tokenizer
+        self.policy.train()
+        self.out = Path(config.output_dir)
+
+        # data: rows with a prompt; any other column reaches the reward functions
+        task_reward = None
+        if train_rows is None:
+            train_rows, held, task_reward = load_rows(config.data, config.seed)
+            held_out_rows = held if held_out_rows is None else held_out_rows
+        self.rows = list(train_rows)
+        self.held_out = list(held_out_rows or [])[: config.eval_size]
+        self.prompt_column = config.data.prompt_column
+        missing = [i for i, row in enumerate(self.rows[:1000]) if self.prompt_column not in row]
+        if missing:
+            raise ValueError(f"data row {missing[0]} has no {self.prompt_column!r} column (data.prompt_column)")
+        self.prompt_ids = [encode_prompt(tokenizer, row[self.prompt_column]) for row in self.rows]
+        self.rewards = RewardSet(self._resolve_rewards(reward_functions, task_reward))
+
+        # models around the policy
+        self.reference = self._build_reference() if self.algo.kl.placement != "none" else None
+        self.critic = self._build_critic() if self.algo.critic is not None else None
+        self.engine = build_engine(self.policy, tokenizer, kind=config.engine)
+
+        # optimisation state
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        self.params = params
+        self.optimizer = torch.optim.AdamW(
+            params, lr=config.learning_rate, betas=config.adam_betas, weight_decay=config.weight_decay
+        )
+        updates_per_step = config.ppo_epochs * (config.rollout_batch_size // self.minibatch_size)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lr_multiplier(config.lr_scheduler, config.warmup_steps, config.steps * updates_per_step),
+        )
+        self.critic_optimizer = (
+            torch.optim.AdamW(self.critic.parameters(), lr=self.algo.critic.learning_rate, betas=config.adam_betas)
+            if self.critic is not None
+            else None
+        )
+        self.sampler = EpochSampler(len(self.rows), config.prompts_per_step, config.seed)
+        self.kl_controller = self._build_kl_controller()
+        self.running_baseline = RunningMeanBaseline() if self.algo.baseline == "running_mean" else None
+        self.step_count = 0
+        self.warnings = StepWarnings(echo, max_new_tokens=config.max_new_tokens)
+
+    # ------------------------------------------------------------------ construction
+    def _resolve_rewards(
+        self, functions: Sequence[Callable[..., Any] | NamedReward] | None, task_reward: str | None
+    ) -> list[NamedReward]:
+        config = self.config
+        specs: list[Any] = list(functions) if functions is not None else list(config.rewards)
+        if not specs:
+            if task_reward is None:
+                raise ValueError("no reward functions: set rewards (built-in names or pkg.module:fn paths)")
+            specs = [task_reward]
+        weights = config.reward_weights or [1.0] * len(specs)
+        if len(weights) != len(specs):
+            raise ValueError(f"reward_weights has {len(weights)} entries for {len(specs)} reward functions")
+        return [
+            spec if isinstance(spec, NamedReward) else resolve_reward(spec, weight)
+            for spec, weight in zip(specs, weights, strict=True)
+        ]
+
+    def _build_reference(self) -> nn.Module | None:
+        """The KL anchor: the initial policy. With LoRA it is the same model with adapters
+        off (no copy); otherwise a frozen copy made before any update (and before a resume
+        loads trained weights)."""
+        if self.config.model.lora is not None:
+            return None
+        reference = copy.deepcopy(self.policy).eval()
+        reference.requires_grad_(False)
+        return reference
+
+    def _build_critic(self) -> nn.Module:
+        from posttrain.models.value import value_model_from_policy
+
+        critic = value_model_from_policy(self.policy)
+        critic.train()
+        return critic
+
+    def _build_kl_controller(self) -> Any:
+        kl = self.algo.kl
+        if kl.controller == "adaptive":
+            return AdaptiveKLControllerHorizon(value=kl.coef, target=kl.target, horizon=kl.horizon)
+        if kl.controller == "adaptive_ppo":
+            return AdaptiveKLControllerPPO(value=kl.coef, target=kl.target)
+        return FixedKLController(kl.coef)
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.config.minibatch_size or self.config.rollout_batch_size
+
+    @property
+    def recompute_old_logprobs(self) -> bool:
+        """Only with more than one optimizer step per batch do π_old and π differ; on-policy
+        the ratio is exactly 1 and π_old is π detached (TRL does the same)."""
+        return self.config.ppo_epochs > 1 or self.minibatch_size < self.config.rollout_batch_size
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> list[dict[str, float]]:
+        """Train for ``config.steps`` steps (resuming if asked); returns per-step metrics."""
+        config = self.config
+        self.out.mkdir(parents=True, exist_ok=True)
+        config_yaml = dump_config(config)
+        (self.out / "config.yaml").write_text(config_yaml, encoding="utf-8")
+        start = self._maybe_resume()
+        history: list[dict[str, float]] = []
+        logger = MetricsLogger(self.out, resume_step=start if start else None)
+        progress = Progress(config.steps, keys=PROGRESS_KEYS, every=config.log_every, label="rl", start=start)
+        try:
+            if start == 0 and self.held_out:
+                logger.log(0, self.evaluate())
+            for step in range(start + 1, config.steps + 1):
+                metrics, samples = self.step(step)
+                if self.held_out and config.eval_every and step % config.eval_every == 0 and step < config.steps:
+                    metrics.update(self.evaluate())
+                logger.log(step, metrics)
+                if samples:
+                    logger.log_samples(step, samples)
+                history.append({"step": step, **metrics})
+                progress.update(step, metrics)
+                self.warnings.check(step, metrics, group_estimator=self.algo.advantage in GROUP_ESTIMATORS)
+                if (config.save_every and step % config.save_every == 0) or step == config.steps:
+                    self.save(step, config_yaml)
+            if self.held_out:
+                final = self.evaluate()
+                logger.log(config.steps, final)
+                if history:
+                    history[-1].update(final)
+            with quiet_progress_bars():
+                self.policy.save_pretrained(self.out / "final")
+            self.tokenizer.save_pretrained(self.out / "final")
+            write_report(self.out, title=f"posttrain rl: {self.out.name}")
+        finally:
+            progress.close()
+            logger.close()
+        return history
+
+    def step(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        """One RL step: collect a scored batch, compute advantages, update. Returns the step's
+        metrics and a few sample completions."""
+        t0 = time.perf_counter()
+        batch, metrics = self.collect(step)
+        if step == 1 and self.config.preflight:
+            for note in preflight_rewards(
+                self.rewards.names,
+                batch.reward_components,
+                batch.prompts,
+                batch.completions,
+                self.config.allow_constant_reward,
+            ):
+                self.echo(f"[preflight] {note}")
+        t1 = time.perf_counter()
+        batch = self.prepare(batch, metrics)
+        t2 = time.perf_counter()
+        metrics.update(self.update(batch, step))
+        t3 = time.perf_counter()
+        self.engine.update_weights(step)
+        self.step_count = step
+        generated = float(batch.response_mask.sum())
+        metrics.update(
+            {
+                "time/prepare_s": t2 - t1,
+                "time/train_s": t3 - t2,
+                "time/step_s": t3 - t0,
+                "throughput/tokens_per_s": generated / max(t3 - t0, 1e-9),
+                "lr": self.scheduler.get_last_lr()[0],
+            }
+        )
+        return metrics, self._samples(batch)
+
+    # ------------------------------------------------------------------ rollout + reward
+    def collect(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
+        """Sample and score ``prompts_per_step`` groups. With dynamic sampling, groups whose
+        rewards are all equal are dropped and further prompts sampled, up to ``max_rounds``."""
+        config, dynamic = self.config, self.algo.dynamic_sampling
+        rounds = dynamic.max_rounds if dynamic.enabled else 1
+        kept: list[RolloutBatch] = []
+        kept_groups, metrics = 0, {"time/generate_s": 0.0, "time/reward_s": 0.0}
+        drawn = 0
+        for round_index in range(rounds):
+            batch, round_metrics = self._sample_and_score(step, round_index, group_offset=drawn)
+            drawn += config.prompts_per_step
+            if round_index == 0:
+                metrics.update(round_metrics)
+            else:
+                metrics["time/generate_s"] += round_metrics["time/generate_s"]
+                metrics["time/reward_s"] += round_metrics["time/reward_s"]
+            if dynamic.enabled:
+                keep = dapo_group_filter(torch.nan_to_num(batch.scores, nan=0.0), batch.group_ids)
+                batch = batch.select(torch.nonzero(keep).flatten())
+            kept.append(batch)
+            kept_groups += int(batch.group_ids.unique().numel())
+            if kept_groups >= config.prompts_per_step:
+                break
+        batch = concat(kept, self.engine.pad_id)
+        if dynamic.enabled:
+            groups = batch.group_ids.unique(sorted=False)[: config.prompts_per_step]
+            batch = batch.select(torch.nonzero(torch.isin(batch.group_ids, groups)).flatten())
+            metrics["dynamic_sampling/rounds"] = round_index + 1
+            metrics["dynamic_sampling/kept_groups"] = float(groups.numel())
+            if groups.numel() < config.prompts_per_step and step % 10 == 1:
+                self.echo(
+                    f"[warning] step {step}: dynamic sampling kept {groups.numel()} of {config.prompts_per_step} "
+                    f"groups after {rounds} rounds; training on what was kept "
+                    "(raise algorithm.dynamic_sampling.max_rounds)"
+                )
+        return batch, metrics
+
+    def _sample_and_score(
+        self, step: int, round_index: int, group_offset: int
+    ) -> tuple[RolloutBatch, dict[str, float]]:
+        config = self.config
+        indices = self.sampler.next_batch()
+        rows = [self.rows[i] for i in indices]
+        sampling = SamplingParams(
+            n=config.samples_per_prompt,
+            max_new_tokens=config.max_new_tokens,
+            temperature=config.temperature_value,
+            top_p=config.sampling.top_p,
+            top_k=config.sampling.top_k,
+            # derived from (seed, step, round), so a resumed run samples exactly the same tokens
+            seed=(config.seed * 1_000_003 + step * 1009 + round_index) % 2**62,
+        )
+        t0 = time.perf_counter()
+        rollouts = self.engine.generate([self.prompt_ids[i] for i in indices], sampling)
+        t1 = time.perf_counter()
+        batch = from_rollouts(rollouts, self.tokenizer, rows, self.prompt_column, group_offset)
+        result = self.rewards.score(batch.prompts, batch.completions, batch.completion_ids, batch.columns)
+        t2 = time.perf_counter()
+        scores = result.scores
+        if self.algo.overlong.enabled:
+            penalty = overlong_reward_penalty(
+                batch.response_mask.sum(-1),
+                config.max_new_tokens,
+                self.algo.overlong.cache_length,
+                self.algo.overlong.factor,
+            )
+            scores = scores + penalty
+        batch.scores, batch.reward_components = scores, result.components
+        metrics = {**result.metrics, **self._reward_metrics(batch, result.names)}
+        metrics.update({"time/generate_s": t1 - t0, "time/reward_s": t2 - t1})
+        metrics["throughput/generated_tokens_per_s"] = float(batch.response_mask.sum()) / max(t1 - t0, 1e-9)
+        return batch, metrics
+
+    def _reward_metrics(self, batch: RolloutBatch, names: list[str]) -> dict[str, float]:
+        scores = batch.scores
+        present = ~scores.isnan()
+        valid = scores[present]
+        lengths = batch.response_mask.sum(-1)
+        metrics = {
+            "reward/mean": float(valid.mean()) if valid.numel() else math.nan,
+            "reward/std": float(valid.std(unbiased=False)) if valid.numel() else math.nan,
+            "reward/none_fraction": 1.0 - float(present.float().mean()),
+            "response/length_mean": float(lengths.mean()),
+            "response/length_max": float(lengths.max()),
+            "response/truncated_fraction": float(batch.truncated.float().mean()),
+        }
+        if valid.numel() and bool(((valid == 0) | (valid == 1)).all()):
+            metrics["reward/accuracy"] = float(valid.mean())
+        if present.any():
+            stats = group_stats(torch.nan_to_num(scores, nan=0.0)[present], batch.group_ids[present])
+            metrics["reward/zero_variance_group_fraction"] = _zero_variance_share(
+                stats.std, stats.size, batch.group_ids[present]
+            )
+        return metrics
+
+    # ------------------------------------------------------------------ advantages
+    @torch.no_grad()
+    def prepare(self, batch: RolloutBatch, metrics: dict[str, float]) -> RolloutBatch:
+        """Drop unscored samples; add π_old, π_ref, values, token rewards and advantages."""
+        algo = self.algo
+        scored = ~batch.scores.isnan()
+        if not bool(scored.all()):
+            metrics["reward/unscored_dropped"] = float((~scored).sum())
+            batch = batch.select(torch.nonzero(scored).flatten())
+        if len(batch) == 0:
+            raise RuntimeError("no sample of this batch got a reward (every function returned None); see reward/*")
+        loss_mask = batch.response_mask.clone()
+        if algo.mask_truncated:
+            loss_mask[batch.truncated] = 0.0
+        batch.loss_mask = loss_mask
+        input_ids, attention_mask = batch.input_ids, batch.attention_mask
+        if self.recompute_old_logprobs:
+            batch.old_logprobs = self._logprobs(self.policy, input_ids, attention_mask, batch.response_mask)
+        if algo.kl.placement != "none":
+            batch.ref_logprobs = self._reference_logprobs(input_ids, attention_mask, batch.response_mask)
+        if self.critic is not None:
+            from posttrain.models.value import response_values
+
+            batch.values = (
+                response_values(self.critic, input_ids, attention_mask, batch.prompt_ids.shape[1]) * batch.response_mask
+            )
+        rollout_logprobs = batch.old_logprobs if batch.old_logprobs is not None else batch.engine_logprobs
+        if algo.kl.placement == "reward":
+            beta = self.kl_controller.value
+            batch.token_rewards, kl_metrics = shape_token_rewards(
+                batch.scores,
+                rollout_logprobs,
+                batch.ref_logprobs,
+                batch.response_mask,
+                beta,
+                kind=algo.kl.estimator,
+                level=algo.kl.level,
+            )
+            metrics["kl/ref"] = float(kl_metrics["kl"])
+            metrics["kl/coef"] = beta
+            self.kl_controller.update(float(kl_metrics["kl"]), len(batch))
+        else:
+            batch.token_rewards = place_scores_at_last_token(batch.scores, batch.response_mask)
+        batch.baseline_scores = self._baseline(batch)
+        options = dict(algo.advantage_options)
+        if algo.advantage == "gdpo" and "component_weights" not in options:
+            options["component_weights"] = self.rewards_weights
+        components = batch.reward_components
+        if components is not None and algo.advantage == "gdpo":
+            components = torch.nan_to_num(components, nan=0.0)
+        batch.advantages, batch.returns = ADVANTAGE_ESTIMATORS[algo.advantage](
+            token_rewards=batch.token_rewards,
+            response_mask=batch.response_mask,
+            group_ids=batch.group_ids,
+            values=batch.values,
+            baseline_scores=batch.baseline_scores,
+            reward_components=components,
+            **options,
+        )
+        valid = batch.response_mask.bool()
+        adv = batch.advantages[valid]
+        if adv.numel():
+            metrics.update(
+                {
+                    "advantage/mean": float(adv.mean()),
+                    "advantage/std": float(adv.std(unbiased=False)),
+                    "advantage/abs_max": float(adv.abs().max()),
+                }
+            )
+        return batch
+
+    @property
+    def rewards_weights(self) -> list[float]:
+        return [reward.weight for reward in self.rewards.rewards]
+
+    def _baseline(self, batch: RolloutBatch) -> Tensor | None:
+        if self.algo.baseline == "running_mean":
+            value = self.running_baseline.value
+            self.running_baseline.update(batch.scores)
+            return torch.full_like(batch.scores, value)
+        if self.algo.baseline == "greedy":
+            return self._greedy_baseline(batch)
+        return None
+
+    def _greedy_baseline(self, batch: RolloutBatch) -> Tensor:
+        """ReMax: the reward of one greedy completion per prompt, for every sample of that prompt."""
+        groups, first = torch.unique(batch.group_ids, return_inverse=True)
+        representative = [int(torch.nonzero(first == g)[0]) for g in range(groups.numel())]
+        prompts = [batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist() for i in representative]
+        rollouts = self.engine.generate(prompts, SamplingParams(greedy=True, max_new_tokens=self.config.max_new_tokens))
+        rows = [
+            {self.prompt_column: batch.prompts[i], **{k: v[i] for k, v in batch.columns.items()}}
+            for i in representative
+        ]
+        greedy = from_rollouts(rollouts, self.tokenizer, rows, self.prompt_column)
+        result = self.rewards.score(greedy.prompts, greedy.completions, greedy.completion_ids, greedy.columns)
+        return torch.nan_to_num(result.scores, nan=0.0)[first]
+
+    def _logprobs(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor, response_mask: Tensor) -> Tensor:
+        out = []
+        size = self.config.micro_batch_size or len(input_ids)
+        for start in range(0, len(input_ids), size):
+            part = slice(start, start + size)
+            logprobs, _ = response_logprobs(
+                model,
+                input_ids[part],
+                attention_mask[part],
+                response_mask=response_mask[part],
+                temperature=self.config.temperature_value,
+            )
+            out.append(logprobs)
+        return torch.cat(out)
+
+    def _reference_logprobs(self, input_ids: Tensor, attention_mask: Tensor, response_mask: Tensor) -> Tensor:
+        if self.reference is not None:
+            return self._logprobs(self.reference, input_ids, attention_mask, response_mask)
+        from posttrain.models.lora import reference_policy
+
+        with reference_policy(self.policy):
+            return self._logprobs(self.policy, input_ids, attention_mask, response_mask)
+
+    # ------------------------------------------------------------------ update
+    def update(self, batch: RolloutBatch, step: int) -> dict[str, float]:
+        """``ppo_epochs`` passes of minibatch updates over the batch; returns averaged metrics."""
+        config = self.config
+        groups = batch.group_ids.unique()
+        groups_per_minibatch = max(1, self.minibatch_size // config.samples_per_prompt)
+        generator = torch.Generator().manual_seed(config.seed * 7919 + step)
+        sums: dict[str, float] = {}
+        updates = 0
+        for _ in range(config.ppo_epochs):
+            order = (
+                groups[torch.randperm(groups.numel(), generator=generator)] if self.recompute_old_logprobs else groups
+            )
+            for start in range(0, order.numel(), groups_per_minibatch):
+                members = torch.isin(batch.group_ids, order[start : start + groups_per_minibatch])
+                minibatch = batch.select(torch.nonzero(members).flatten())
+                for key, value in self._minibatch_update(minibatch, step).items():
+                    sums[key] = sums.get(key, 0.0) + value
+                updates += 1
+        metrics = {key: value / max(updates, 1) for key, value in sums.items()}
+        metrics["train/updates"] = float(updates)
+        return metrics
+
+    def _minibatch_update(self, minibatch: RolloutBatch, step: int) -> dict[str, float]:
+        config, algo = self.config, self.algo
+        loss_mask = minibatch.loss_mask
+        num_tokens = loss_mask.sum()
+        num_seqs = (loss_mask.sum(-1) > 0).sum()
+        aggregation = {"num_tokens": num_tokens, "num_seqs": num_seqs, "norm_constant": float(config.max_new_tokens)}
+        loss_fn = POLICY_LOSSES[algo.policy_loss]
+        beta = self.kl_controller.value if algo.kl.placement == "loss" else 0.0
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.critic_optimizer is not None:
+            self.critic_optimizer.zero_grad(set_to_none=True)
+        size = config.micro_batch_size or len(minibatch)
+        sums: dict[str, float] = {}
+        for start in range(0, len(minibatch), size):
+            micro = minibatch.select(torch.arange(start, min(start + size, len(minibatch))))
+            share = float(micro.loss_mask.sum()) / max(float(num_tokens), 1.0)
+            input_ids, attention_mask = micro.input_ids, micro.attention_mask
+            logprobs, entropy = response_logprobs(
+                self.policy,
+                input_ids,
+                attention_mask,
+                response_mask=micro.response_mask,
+                temperature=config.temperature_value,
+                with_entropy=True,
+            )
+            old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
+            policy_loss, loss_metrics = loss_fn(
+                logprobs=logprobs,
+                old_logprobs=old,
+                advantages=micro.advantages,
+                response_mask=micro.loss_mask,
+                agg_mode=algo.agg_mode,
+                **aggregation,
+                **algo.loss_options,
+            )
+            kl = None
+            if micro.ref_logprobs is not None and algo.kl.placement == "loss":
+                kl = kl_estimate(logprobs, micro.ref_logprobs, algo.kl.estimator, response_mask=micro.loss_mask)
+            total, actor_metrics = actor_loss(
+                policy_loss,
+                micro.loss_mask,
+                entropy=entropy if algo.entropy_coef else entropy.detach(),
+                entropy_coef=algo.entropy_coef,
+                kl=kl,
+                kl_coef=beta,
+                agg_mode=algo.agg_mode,
+                **aggregation,
+            )
+            if not torch.isfinite(total):
+                raise TrainingDiverged(
+                    f"step {step}: the RL loss is {float(total)}; the last complete checkpoint is kept. Lower "
+                    f"learning_rate (now {config.learning_rate:g}) or check the rewards of this batch."
+                )
+            total.backward()
+            with torch.no_grad():
+                micro_metrics = {
+                    "loss/total": float(total),
+                    "loss/policy": float(actor_metrics["policy"]),
+                    "policy/entropy": float(actor_metrics["entropy"]),
+                    **{f"policy/{k}": float(v) for k, v in loss_metrics.items()},
+                }
+                if "kl" in actor_metrics:
+                    micro_metrics["loss/kl"] = float(actor_metrics["kl"])
+                if micro.ref_logprobs is not None:
+                    micro_metrics["kl/ref"] = float(
+                        masked_mean(kl_estimate(logprobs, micro.ref_logprobs, "k3"), micro.response_mask)
+                    )
+                micro_metrics["policy/engine_logprob_gap"] = float(
+                    masked_mean((old - micro.engine_logprobs).abs(), micro.response_mask)
+                )
+            if self.critic is not None:
+                micro_metrics.update(self._critic_loss(micro, share))
+            for key, value in micro_metrics.items():
+                # sums-of-means in proportion to each micro-batch's tokens: the minibatch mean
+                weight = 1.0 if key in ("loss/total", "loss/policy", "loss/kl") else share
+                sums[key] = sums.get(key, 0.0) + value * weight
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm or math.inf))
+        if not math.isfinite(grad_norm):
+            raise TrainingDiverged(f"step {step}: the policy gradient norm is {grad_norm}; lower learning_rate")
+        self.optimizer.step()
+        self.scheduler.step()
+        if self.critic_optimizer is not None:
+            torch.nn.utils.clip_grad_norm_(self.critic.parameters(), config.max_grad_norm or math.inf)
+            self.critic_optimizer.step()
+        sums["policy/grad_norm"] = grad_norm
+        return sums
+
+    def _critic_loss(self, micro: RolloutBatch, share: float) -> dict[str, float]:
+        from posttrain.models.value import response_values
+
+        critic_cfg = self.algo.critic
+        values = response_values(self.critic, micro.input_ids, micro.attention_mask, micro.prompt_ids.shape[1])
+        loss, metrics = value_loss(
+            values, micro.values, micro.returns, micro.loss_mask, clip_range=critic_cfg.value_clip
+        )
+        (critic_cfg.loss_coef * loss * share).backward()
+        return {
+            "loss/value": float(loss.detach()),
+            "critic/clip_fraction": float(metrics["clip_fraction"]),
+            "critic/explained_variance": float(metrics["explained_variance"]),
+        }
+
+    # ------------------------------------------------------------------ evaluation, logs, checkpoints
+    def evaluate(self) -> dict[str, float]:
+        """Greedy completions of the held-out prompts, scored by the run's rewards."""
+        from posttrain.evaluate import evaluate
+
+        def score(prompts: list[Any], completions: list[str], completion_ids: list[list[int]], **columns: Any) -> list:
+            result = self.rewards.score(prompts, completions, completion_ids, columns)
+            return [None if math.isnan(v) else v for v in result.scores.tolist()]
+
+        result = evaluate(self.policy, self.tokenizer, self.held_out, score, max_new_tokens=self.config.max_new_tokens)
+        self.policy.train()
+        values = [s["reward"] for s in result.samples if s["reward"] is not None]
+        metrics = {"eval/reward": result.accuracy}
+        if values and all(v in (0.0, 1.0) for v in values):
+            metrics["eval/accuracy"] = result.accuracy
+        self.last_eval = result
+        return metrics
+
+    def _samples(self, batch: RolloutBatch) -> list[dict[str, Any]]:
+        count = min(self.config.log_samples, len(batch))
+        return [
+            {
+                "prompt": batch.prompts[i] if isinstance(batch.prompts[i], str) else str(batch.prompts[i]),
+                "completion": batch.completions[i],
+                "reward": None if math.isnan(float(batch.scores[i])) else float(batch.scores[i]),
+                "advantage": float(batch.advantages[i][batch.response_mask[i].bool()][:1].sum()),
+            }
+            for i in range(count)
+        ]
+
+    def save(self, step: int, config_yaml: str | None = None) -> None:
+        state: dict[str, Any] = {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "kl_coef": self.kl_controller.value,
+        }
+        if self.running_baseline is not None:
+            state["running_baseline"] = self.running_baseline.state_dict()
+        if self.critic is not None:
+            state["critic"] = self.critic.state_dict()
+            state["critic_optimizer"] = self.critic_optimizer.state_dict()
+        save_checkpoint(
+            self.out,
+            step,
+            model=self.policy,
+            tokenizer=self.tokenizer,
+            config_yaml=config_yaml,
+            keep_last=self.config.keep_last,
+            training_state=state,
+        )
+
+    def _maybe_resume(self) -> int:
+        resume = self.config.resume
+        if resume == "none":
+            return 0
+        checkpoint = latest_checkpoint(self.out) if resume == "auto" else None
+        path = checkpoint.path if checkpoint else (None if resume == "auto" else Path(resume))
+        if path is None:
+            return 0
+        load_weights_into(self.policy, path)
+        state = load_training_state(path)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.kl_controller.value = float(state["kl_coef"])
+        if self.running_baseline is not None:
+            self.running_baseline.load_state_dict(state["running_baseline"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
+            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        self.engine.update_weights(int(state["step"]))
+        self.echo(f"[resume] continuing from {path} (step {state['step']})")
+        return int(state["step"])
+
+
+def _zero_variance_share(std: Tensor, size: Tensor, group_ids: Tensor) -> float:
+    """Share of groups (of more than one sample) whose rewards are all equal."""
+    _, first = torch.unique(group_ids, return_inverse=True)
+    seen: dict[int, bool] = {}
+    for index, group in enumerate(first.tolist()):
+        if group not in seen and int(size[index]) > 1:
+            seen[group] = bool(std[index] == 0)
+    return sum(seen.values()) / max(len(seen), 1)
+
+
+def run_rl(
+    config: RLRun,
+    *,
+    reward_functions: Sequence[Callable[..., Any]] | None = None,
+    echo: Echo = print,
+) -> list[dict[str, float]]:
+    """``posttrain rl``: build everything the config names and train; returns per-step metrics."""
+    return OnlineRL(config, reward_functions=reward_functions, echo=echo).run()

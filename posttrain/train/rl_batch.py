@@ -1,0 +1,152 @@
+"""The rollout batch the RL loop passes from stage to stage (DESIGN.md, "The data that flows").
+
+Created from the engine's :class:`~posttrain.rollout.types.Rollouts`, filled by the rewards
+(``scores``, ``reward_components``) and the algorithm (``token_rewards``, ``advantages``,
+``returns``), consumed by the update. Everything is a plain tensor or list, so a batch can
+later cross a process boundary unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from posttrain.rollout.types import Rollouts
+
+# dataset columns that a reward function receives under other names (TRL's convention)
+RESERVED_COLUMNS = ("prompt", "completion", "completion_ids", "prompts", "completions")
+
+
+@dataclass
+class RolloutBatch:
+    """B samples: ``prompts_per_step × samples_per_prompt``, prompt-major, ``[B, T]`` over the response."""
+
+    prompt_ids: Tensor  # [B, P] long, left-padded
+    prompt_mask: Tensor  # [B, P] long
+    response_ids: Tensor  # [B, T] long, right-padded
+    response_mask: Tensor  # [B, T] float, 1 on tokens the policy produced
+    engine_logprobs: Tensor  # [B, T] float32, log-probs the sampler reported
+    group_ids: Tensor  # [B] long, samples of one prompt share an id (unique within a step)
+    truncated: Tensor  # [B] bool, cut by max_new_tokens
+    policy_version: Tensor  # [B] long
+    prompts: list[Any]  # [B] prompt text (or chat messages) per sample
+    completions: list[str]  # [B] decoded completions
+    columns: dict[str, list[Any]]  # other dataset columns, per sample
+    scores: Tensor | None = None  # [B] weighted reward; NaN where no function applied
+    reward_components: Tensor | None = None  # [B, K]
+    loss_mask: Tensor | None = None  # [B, T] response_mask minus samples left out of the loss
+    old_logprobs: Tensor | None = None  # [B, T] trainer log-probs of the sampling weights
+    ref_logprobs: Tensor | None = None  # [B, T]
+    values: Tensor | None = None  # [B, T] critic values at sampling time
+    baseline_scores: Tensor | None = None  # [B]
+    token_rewards: Tensor | None = None  # [B, T]
+    advantages: Tensor | None = None  # [B, T]
+    returns: Tensor | None = None  # [B, T]
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.response_ids.shape[0]
+
+    @property
+    def input_ids(self) -> Tensor:
+        """``[B, P + T]`` prompt ‖ response."""
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> Tensor:
+        return torch.cat([self.prompt_mask, self.response_mask.long()], dim=1)
+
+    @property
+    def completion_ids(self) -> list[list[int]]:
+        lengths = self.response_mask.sum(-1).long().tolist()
+        return [row[:n] for row, n in zip(self.response_ids.tolist(), lengths, strict=True)]
+
+    def select(self, index: Tensor | Sequence[int]) -> RolloutBatch:
+        """The samples at ``index`` (a ``[B']`` long tensor or list), every field cut alike."""
+        index = torch.as_tensor(index, dtype=torch.long)
+        picked: dict[str, Any] = {}
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if isinstance(value, Tensor):
+                picked[item.name] = value[index]
+            elif isinstance(value, list):
+                picked[item.name] = [value[i] for i in index.tolist()]
+            elif item.name == "columns":
+                picked[item.name] = {k: [v[i] for i in index.tolist()] for k, v in value.items()}
+            else:
+                picked[item.name] = value
+        return RolloutBatch(**picked)
+
+
+def from_rollouts(
+    rollouts: Rollouts, tokenizer: Any, rows: Sequence[Mapping[str, Any]], prompt_column: str, group_offset: int = 0
+) -> RolloutBatch:
+    """Wrap an engine's output with the text and dataset columns of its rows (one row per prompt)."""
+    n = len(rollouts) // len(rows)
+    completions = tokenizer.batch_decode(
+        [
+            ids[:length]
+            for ids, length in zip(rollouts.response_ids.tolist(), rollouts.response_lengths.tolist(), strict=True)
+        ],
+        skip_special_tokens=True,
+    )
+    names = [key for key in rows[0] if key not in RESERVED_COLUMNS and key != prompt_column] if rows else []
+    columns = {key: [row.get(key) for row in rows for _ in range(n)] for key in names}
+    return RolloutBatch(
+        prompt_ids=rollouts.prompt_ids,
+        prompt_mask=rollouts.prompt_mask,
+        response_ids=rollouts.response_ids,
+        response_mask=rollouts.response_mask,
+        engine_logprobs=rollouts.logprobs,
+        group_ids=rollouts.group_ids + group_offset,
+        truncated=rollouts.truncated,
+        policy_version=rollouts.policy_version,
+        prompts=[row[prompt_column] for row in rows for _ in range(n)],
+        completions=completions,
+        columns=columns,
+    )
+
+
+def concat(batches: Sequence[RolloutBatch], pad_id: int) -> RolloutBatch:
+    """One batch from several generation rounds (dynamic sampling); pads prompts on the left
+    and responses on the right to the widest one."""
+    if len(batches) == 1:
+        return batches[0]
+    prompt_width = max(b.prompt_ids.shape[1] for b in batches)
+    response_width = max(b.response_ids.shape[1] for b in batches)
+
+    def pad(t: Tensor, width: int, value: float, left: bool) -> Tensor:
+        missing = width - t.shape[1]
+        if missing == 0:
+            return t
+        filler = torch.full((t.shape[0], missing), value, dtype=t.dtype)
+        return torch.cat([filler, t] if left else [t, filler], dim=1)
+
+    merged: dict[str, Any] = {}
+    for item in dataclasses.fields(RolloutBatch):
+        values = [getattr(b, item.name) for b in batches]
+        if item.name in ("prompt_ids", "prompt_mask"):
+            fill = pad_id if item.name == "prompt_ids" else 0
+            merged[item.name] = torch.cat([pad(v, prompt_width, fill, True) for v in values])
+        elif all(isinstance(v, Tensor) for v in values):
+            if values[0].dim() == 2 and item.name != "reward_components":
+                fill = pad_id if item.name == "response_ids" else 0
+                merged[item.name] = torch.cat([pad(v, response_width, fill, False) for v in values])
+            else:
+                merged[item.name] = torch.cat(values)
+        elif all(isinstance(v, list) for v in values):
+            merged[item.name] = [x for v in values for x in v]
+        elif item.name == "columns":
+            merged[item.name] = {k: [x for v in values for x in v[k]] for k in values[0]}
+        elif all(v is None for v in values):
+            merged[item.name] = None
+        elif item.name == "extras":
+            merged[item.name] = {}
+        else:
+            raise ValueError(f"cannot merge field {item.name!r}: set in some rounds and not in others")
+    return RolloutBatch(**merged)

@@ -1,0 +1,111 @@
+"""Checks that turn silent RL failures into messages a person can act on.
+
+* :func:`preflight_rewards` runs once, on the first sampled batch, before any update: a reward
+  function that raises, returns None/NaN for every sample, or gives every sample the same
+  value would otherwise train on zero advantages (or crash deep in the loop) without saying so.
+* :class:`StepWarnings` looks at each step's metrics for the usual ways a run learns nothing:
+  most completions truncated, most groups with zero reward variance, advantages all zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from torch import Tensor
+
+
+class RewardPreflightError(RuntimeError):
+    """A reward function cannot drive learning on the first batch; the message shows why."""
+
+
+def _show(text: Any, limit: int = 80) -> str:
+    shown = repr(text)
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
+
+
+def preflight_rewards(
+    names: Sequence[str],
+    components: Tensor,
+    prompts: Sequence[Any],
+    completions: Sequence[str],
+    allow_constant: Sequence[str] = (),
+    examples: int = 3,
+) -> list[str]:
+    """Raise :class:`RewardPreflightError` for a reward that cannot teach anything.
+
+    ``components [B, K]`` holds each function's values (NaN for None). Returns notes for
+    functions allowed to be constant. Rewards listed in ``allow_constant`` may be constant.
+    """
+    notes: list[str] = []
+    problems: list[str] = []
+    for k, name in enumerate(names):
+        column = components[:, k]
+        present = column[~column.isnan()]
+        shown = "\n".join(
+            f"      prompt {_show(prompts[i])}\n      completion {_show(completions[i])} -> "
+            f"{'None' if math.isnan(float(column[i])) else f'{float(column[i]):g}'}"
+            for i in range(min(examples, len(completions)))
+        )
+        if present.numel() == 0:
+            problems.append(
+                f"reward {name!r} returned None (or NaN) for all {len(column)} samples of the first batch: "
+                f"it applies to none of these prompts. Check the dataset columns it needs and its parsing.\n{shown}"
+            )
+        elif bool((present == present[0]).all()):
+            value = float(present[0])
+            if name in allow_constant:
+                notes.append(f"reward {name!r} gives every sample {value:g} on the first batch (allowed)")
+                continue
+            problems.append(
+                f"reward {name!r} gives every one of {present.numel()} samples the same value {value:g}, so "
+                f"every advantage would be 0 and nothing would be learned. If that is expected at the start "
+                f"(e.g. a format no sample meets yet), add it to allow_constant_reward: [{name}]; otherwise "
+                f"check the function.\n{shown}"
+            )
+    if problems:
+        raise RewardPreflightError("pre-flight check of the reward functions failed:\n  - " + "\n  - ".join(problems))
+    return notes
+
+
+class StepWarnings:
+    """Actionable warnings about a step's metrics, each repeated at most every ``every`` steps."""
+
+    TRUNCATED_SHARE = 0.5
+    ZERO_VARIANCE_SHARE = 0.8
+
+    def __init__(self, echo: Callable[[str], None], *, max_new_tokens: int, every: int = 50) -> None:
+        self.echo, self.max_new_tokens, self.every = echo, max_new_tokens, every
+        self._last: dict[str, int] = {}
+
+    def _warn(self, key: str, step: int, message: str) -> None:
+        if step - self._last.get(key, -self.every) >= self.every:
+            self._last[key] = step
+            self.echo(f"[warning] step {step}: {message}")
+
+    def check(self, step: int, metrics: Mapping[str, float], *, group_estimator: bool) -> None:
+        truncated = metrics.get("response/truncated_fraction", 0.0)
+        if truncated > self.TRUNCATED_SHARE:
+            self._warn(
+                "truncated",
+                step,
+                f"{100 * truncated:.0f}% of completions hit max_new_tokens={self.max_new_tokens}; their reward "
+                "reflects an unfinished answer. Raise max_new_tokens, or set algorithm.mask_truncated=true.",
+            )
+        zero = metrics.get("reward/zero_variance_group_fraction", 0.0)
+        if group_estimator and zero > self.ZERO_VARIANCE_SHARE:
+            self._warn(
+                "zero_variance",
+                step,
+                f"{100 * zero:.0f}% of groups gave all their samples the same reward, so their advantages "
+                "are 0. The task is too easy or too hard for the policy: raise samples_per_prompt, "
+                "enable algorithm.dynamic_sampling, or start from a better SFT model.",
+            )
+        if metrics.get("advantage/abs_max", 1.0) == 0.0:
+            self._warn(
+                "zero_advantage",
+                step,
+                "every advantage is 0 this step, so the policy loss is 0 by construction and the "
+                "weights only move through KL/entropy terms.",
+            )

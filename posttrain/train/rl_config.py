@@ -1,0 +1,365 @@
+"""The config of ``posttrain rl``: every option documented once, algorithm presets, and the
+checks that reject an impossible combination before any model loads.
+
+An *algorithm* is data, not a class (DESIGN.md, "One idea"): a choice of advantage
+estimator, policy loss, aggregation, KL placement and a few data-side switches. The named
+presets are YAML files in ``posttrain/presets/`` (shipped inside the package, so
+``algorithm: grpo`` works after a plain ``pip install``); ``algorithm: grpo`` loads one and
+``algorithm.kl.coef=0.01`` then changes a single field of it.
+
+Batch semantics, spelled out once:
+
+* ``prompts_per_step`` prompts are drawn per step, ``samples_per_prompt`` completions are
+  sampled for each (a *group*): the rollout batch holds ``prompts_per_step × samples_per_prompt``
+  samples, all drawn from the current weights.
+* ``ppo_epochs`` passes are made over that batch, each split into minibatches of
+  ``minibatch_size`` samples (whole groups stay together); every minibatch is one optimizer
+  step. With one epoch and one minibatch (the defaults) the step is purely **on-policy**: the
+  ratio π/π_old is 1 and clipping never triggers. Any further optimizer step inside the same
+  rollout batch is **off-policy** with respect to the weights that sampled it, which is what the
+  clipped ratio corrects for.
+* ``micro_batch_size`` only bounds memory: a minibatch is processed in micro-batches whose
+  gradients accumulate; the loss is normalised over the whole minibatch, so results do not
+  depend on it (up to float rounding).
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from posttrain.config import ConfigError, Section, deep_merge, parse_overrides, read_yaml, validate_config
+from posttrain.train.recipes import DataSection, ModelSection
+
+PRESET_PACKAGE = "posttrain.presets"
+
+
+class KLSection(Section):
+    """Where the KL to the reference policy goes, and how strong it is (ALGORITHMS.md §3)."""
+
+    placement: Literal["none", "reward", "loss"] = "none"
+    """"reward": r_t ← r_t − β·kl_t from the rollout policy (PPO-RLHF, RLOO, REINFORCE++);
+    "loss": + β·agg(kl) differentiated through the current policy (GRPO); "none": no reference."""
+    estimator: Literal["k1", "k2", "k3", "abs", "k1+", "k3+"] = "k1"
+    """KL estimator (k1 unbiased; k3 unbiased and ≥ 0; k2 the right gradient in the loss)."""
+    coef: float = Field(0.0, ge=0)
+    """β, the initial coefficient."""
+    controller: Literal["fixed", "adaptive", "adaptive_ppo"] = "fixed"
+    """"adaptive": Ziegler et al.'s proportional rule toward `target`; "adaptive_ppo": the PPO
+    paper's halve/double rule; both only with placement "reward"."""
+    target: float = Field(0.1, gt=0)
+    """KL target of the adaptive controllers (nats per token, mean over sequences)."""
+    horizon: int = Field(10000, ge=1)
+    """Horizon of the proportional controller, in samples."""
+    level: Literal["token", "sequence"] = "token"
+    """With placement "reward": per-token penalties, or TRL-RLOO's one Σ_t kl on the last token."""
+
+
+class CriticSection(Section):
+    """The value model of PPO: the policy's body plus a scalar head, trained beside it."""
+
+    learning_rate: float = Field(1e-3, gt=0)
+    """AdamW rate of the critic."""
+    value_clip: float | None = Field(0.5, gt=0)
+    """Clip range of the value loss around the rollout-time values; null: unclipped."""
+    loss_coef: float = Field(1.0, gt=0)
+    """Weight of the value loss (the critic has its own optimizer; this scales its gradient)."""
+
+
+class DynamicSamplingSection(Section):
+    """DAPO dynamic sampling (ALGORITHMS.md §7.1)."""
+
+    enabled: bool = False
+    """Drop groups whose rewards are all equal and sample more prompts to refill the batch."""
+    max_rounds: int = Field(4, ge=1)
+    """Generation rounds per step at most; then train on what was kept (a warning says so)."""
+
+
+class OverlongSection(Section):
+    """DAPO's soft overlong punishment (ALGORITHMS.md §7.2); off unless `enabled`."""
+
+    enabled: bool = False
+    """Add R_len(L) to the reward of each sample."""
+    cache_length: int = Field(4, ge=1)
+    """L_cache: the penalty ramps from 0 to −factor over the last `cache_length` tokens before
+    max_new_tokens."""
+    factor: float = Field(1.0, ge=0)
+    """Penalty at the hard limit."""
+
+
+class AlgorithmSection(Section):
+    """One RL algorithm = estimator × loss × aggregation × KL placement (ALGORITHMS.md §9)."""
+
+    preset: str | None = None
+    """The preset this section started from (set by `algorithm: NAME`)."""
+    advantage: str = "grpo"
+    """Advantage estimator (posttrain.algos.ADVANTAGE_ESTIMATORS): gae, grpo, dr_grpo, rloo,
+    remax, reinforce, reinforce_pp, reinforce_pp_baseline, gpg, gdpo."""
+    advantage_options: dict[str, Any] = Field(default_factory=dict)
+    """Options of the estimator (e.g. {eps: 1e-6} for grpo, {gamma: 1, lam: 0.95} for gae)."""
+    policy_loss: str = "ppo_clip"
+    """Policy loss (posttrain.algos.POLICY_LOSSES): ppo_clip, gspo, gspo_token, cispo, sapo, pg."""
+    loss_options: dict[str, Any] = Field(default_factory=dict)
+    """Options of the loss (e.g. {clip_low: 0.2, clip_high: 0.28})."""
+    agg_mode: Literal[
+        "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = "token-mean"
+    """How per-token losses become one number (ALGORITHMS.md §1.2); seq-mean-token-sum-norm
+    divides by max_new_tokens."""
+    kl: KLSection = Field(default_factory=KLSection)
+    """KL regularisation to the initial policy."""
+    entropy_coef: float = Field(0.0, ge=0)
+    """Entropy bonus c_ent (loss −= c_ent·agg(H))."""
+    critic: CriticSection | None = None
+    """A value model (needed by gae)."""
+    baseline: Literal["none", "greedy", "running_mean"] = "none"
+    """Per-sample baseline handed to the estimator: "greedy" scores one greedy completion per
+    prompt (ReMax), "running_mean" is a moving average of past rewards (classic REINFORCE)."""
+    dynamic_sampling: DynamicSamplingSection = Field(default_factory=DynamicSamplingSection)
+    """DAPO dynamic sampling."""
+    overlong: OverlongSection = Field(default_factory=OverlongSection)
+    """DAPO overlong reward shaping."""
+    mask_truncated: bool = False
+    """Leave completions cut by max_new_tokens out of the loss (TRL mask_truncated_completions)."""
+
+
+class SamplingSection(Section):
+    """How completions are sampled during training (evaluation is greedy)."""
+
+    temperature: float = Field(1.0, gt=0)
+    """Softmax temperature; the trainer recomputes log-probs at the same temperature."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling (1 = off). Anything but 1 makes the sampler differ from the trained policy."""
+    top_k: int = Field(0, ge=0)
+    """Top-k sampling (0 = off)."""
+
+
+class RLRun(Section):
+    """Everything ``posttrain rl`` reads."""
+
+    model: ModelSection
+    """The policy to train (a local folder, or a tiny model built here)."""
+    data: DataSection
+    """Prompts (any other column reaches the reward functions)."""
+    rewards: list[str | dict[str, Any]] = Field(default_factory=list)
+    """Reward functions: built-in names, "pkg.module:fn" paths or {name: ..., options...};
+    empty: the built-in task's own reward."""
+    reward_weights: list[float] | None = None
+    """One weight per reward function (default 1 each)."""
+    algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection)
+    """The algorithm: `algorithm: grpo` loads a preset; sub-keys override its fields."""
+    steps: int = Field(200, ge=1)
+    """RL steps (rollout batches)."""
+    prompts_per_step: int = Field(32, ge=1)
+    """Prompts drawn per step."""
+    samples_per_prompt: int = Field(8, ge=1)
+    """Completions sampled per prompt (the group size G)."""
+    minibatch_size: int | None = Field(None, ge=1)
+    """Samples per optimizer step (a multiple of samples_per_prompt); null: the whole batch."""
+    micro_batch_size: int | None = Field(None, ge=1)
+    """Samples per forward/backward pass (memory only); null: the whole minibatch."""
+    ppo_epochs: int = Field(1, ge=1)
+    """Passes over each rollout batch."""
+    max_new_tokens: int = Field(16, ge=1)
+    """Generation limit; a completion that reaches it is "truncated"."""
+    sampling: SamplingSection = Field(default_factory=SamplingSection)
+    """Sampling options."""
+    temperature: float | None = Field(None, gt=0)
+    """Shortcut for sampling.temperature (DESIGN.md's top-level key)."""
+    learning_rate: float = Field(1e-5, gt=0)
+    """AdamW rate of the policy."""
+    lr_scheduler: Literal["constant_with_warmup", "cosine", "linear"] = "constant_with_warmup"
+    """Shape of the rate after warm-up."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up, in optimizer steps."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW decoupled weight decay."""
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW β₁, β₂."""
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    """Clip the policy's global gradient norm to this; null: no clipping."""
+    engine: Literal["auto", "native", "transformers"] = "auto"
+    """Rollout engine: native (fast KV-cache decoder for Llama/Qwen2), transformers, or auto."""
+    preflight: bool = True
+    """Before the first update, run the rewards on one sampled batch and stop if a function
+    raises, returns None/NaN for every sample, or gives every sample the same value."""
+    allow_constant_reward: list[str] = Field(default_factory=list)
+    """Reward names the pre-flight check may find constant (e.g. a format reward no sample
+    meets yet)."""
+    eval_every: int = Field(0, ge=0)
+    """Greedy evaluation on held-out prompts every this many steps (0: before and after only)."""
+    eval_size: int = Field(500, ge=0)
+    """Held-out prompts evaluated (0: no evaluation)."""
+    log_samples: int = Field(4, ge=0)
+    """Completions written to samples.jsonl per step."""
+    seed: int = 0
+    """Seeds prompt order, sampling and models built here; the same seed repeats a run."""
+    threads: int | None = Field(None, ge=1)
+    """torch intra-op threads (default: every core this process may use)."""
+    output_dir: str = "runs/rl"
+    """Run directory: config.yaml, metrics.jsonl, samples.jsonl, checkpoints/, final/, report.html."""
+    save_every: int = Field(0, ge=0)
+    """Checkpoint every this many steps (0: only at the end)."""
+    keep_last: int = Field(2, ge=1)
+    """Complete checkpoints kept; the newest is never deleted."""
+    log_every: int = Field(10, ge=1)
+    """Print a progress line every this many steps when not on a terminal."""
+    resume: str = "none"
+    """"auto": continue from the newest complete checkpoint in output_dir; a path: from that
+    checkpoint; "none": start over."""
+
+    @model_validator(mode="after")
+    def _check_combination(self) -> RLRun:
+        problems = combination_problems(self)
+        if problems:
+            raise ValueError("\n  - ".join(problems))
+        return self
+
+    @property
+    def rollout_batch_size(self) -> int:
+        return self.prompts_per_step * self.samples_per_prompt
+
+    @property
+    def temperature_value(self) -> float:
+        return self.temperature if self.temperature is not None else self.sampling.temperature
+
+
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "gpg", "gdpo")
+
+
+def combination_problems(config: RLRun) -> list[str]:
+    """Every impossible combination of fields, each naming the fields involved."""
+    from posttrain.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+
+    algo, problems = config.algorithm, []
+    if algo.advantage not in ADVANTAGE_ESTIMATORS:
+        problems.append(_unknown("algorithm.advantage", algo.advantage, sorted(ADVANTAGE_ESTIMATORS)))
+    if algo.policy_loss not in POLICY_LOSSES or algo.policy_loss == "decoupled_ppo":
+        valid = [n for n in sorted(POLICY_LOSSES) if n != "decoupled_ppo"]
+        problems.append(
+            _unknown("algorithm.policy_loss", algo.policy_loss, valid)
+            + (" (decoupled_ppo needs the asynchronous loop)" if algo.policy_loss == "decoupled_ppo" else "")
+        )
+    if algo.advantage == "gae" and algo.critic is None:
+        problems.append("algorithm.advantage = 'gae' needs a value model: set algorithm.critic (e.g. {})")
+    if algo.critic is not None and algo.advantage != "gae":
+        problems.append(f"algorithm.critic is set but algorithm.advantage = {algo.advantage!r} does not use values")
+    if algo.advantage in GROUP_ESTIMATORS and config.samples_per_prompt < 2:
+        problems.append(
+            f"algorithm.advantage = {algo.advantage!r} compares the samples of a prompt: "
+            f"samples_per_prompt must be >= 2 (is {config.samples_per_prompt})"
+        )
+    if algo.advantage == "remax" and algo.baseline != "greedy":
+        problems.append("algorithm.advantage = 'remax' needs algorithm.baseline = 'greedy'")
+    if algo.baseline == "greedy" and algo.advantage not in ("remax", "reinforce"):
+        problems.append(f"algorithm.baseline = 'greedy' is read only by remax/reinforce, not {algo.advantage!r}")
+    if algo.baseline == "running_mean" and algo.advantage != "reinforce":
+        problems.append(f"algorithm.baseline = 'running_mean' is read only by reinforce, not {algo.advantage!r}")
+    kl = algo.kl
+    if kl.placement == "none" and kl.coef > 0:
+        problems.append(f"algorithm.kl.coef = {kl.coef} but algorithm.kl.placement = 'none': choose reward or loss")
+    if kl.placement != "none" and kl.coef == 0 and kl.controller == "fixed":
+        problems.append(
+            f"algorithm.kl.placement = {kl.placement!r} with algorithm.kl.coef = 0 computes a reference "
+            "for nothing: set a coefficient or placement 'none'"
+        )
+    if kl.controller != "fixed" and kl.placement != "reward":
+        problems.append(f"algorithm.kl.controller = {kl.controller!r} needs algorithm.kl.placement = 'reward'")
+    if kl.placement == "loss" and kl.estimator == "k1":
+        problems.append(
+            "algorithm.kl.estimator = 'k1' in the loss has zero expected gradient (ALGORITHMS.md §3.1): "
+            "use k2 or k3 there, or placement 'reward'"
+        )
+    if kl.level == "sequence" and kl.placement != "reward":
+        problems.append("algorithm.kl.level = 'sequence' needs algorithm.kl.placement = 'reward'")
+    if algo.dynamic_sampling.enabled and algo.advantage not in GROUP_ESTIMATORS:
+        problems.append(
+            f"algorithm.dynamic_sampling needs a group estimator ({', '.join(GROUP_ESTIMATORS)}), "
+            f"not {algo.advantage!r}"
+        )
+    if algo.overlong.enabled and algo.overlong.cache_length > config.max_new_tokens:
+        problems.append(
+            f"algorithm.overlong.cache_length ({algo.overlong.cache_length}) exceeds max_new_tokens "
+            f"({config.max_new_tokens})"
+        )
+    if config.reward_weights is not None and config.rewards and len(config.reward_weights) != len(config.rewards):
+        problems.append(f"reward_weights has {len(config.reward_weights)} entries for {len(config.rewards)} rewards")
+    batch = config.rollout_batch_size
+    minibatch = config.minibatch_size
+    if minibatch is not None and (minibatch % config.samples_per_prompt or batch % minibatch):
+        problems.append(
+            f"minibatch_size ({minibatch}) must be a multiple of samples_per_prompt "
+            f"({config.samples_per_prompt}) and divide prompts_per_step × samples_per_prompt ({batch})"
+        )
+    if config.micro_batch_size is not None and config.micro_batch_size > (config.minibatch_size or batch):
+        problems.append(
+            f"micro_batch_size ({config.micro_batch_size}) exceeds the minibatch ({config.minibatch_size or batch})"
+        )
+    if config.model.lora is not None and algo.critic is not None:
+        problems.append("model.lora with algorithm.critic is not supported yet: train the critic in full")
+    return problems
+
+
+def _unknown(key: str, value: str, valid: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(value, valid, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return f"{key} = {value!r} is unknown; valid: {', '.join(valid)}.{hint}"
+
+
+def preset_names() -> list[str]:
+    """Names of the algorithm presets shipped with posttrain."""
+    folder = resources.files(PRESET_PACKAGE)
+    return sorted(Path(item.name).stem for item in folder.iterdir() if item.name.endswith(".yaml"))
+
+
+def read_preset(name: str) -> dict[str, Any]:
+    """The ``algorithm`` section a preset name stands for (a path to a YAML file also works)."""
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        data = read_yaml(path)
+    else:
+        file = resources.files(PRESET_PACKAGE) / f"{name}.yaml"
+        if not file.is_file():
+            raise ConfigError(_unknown("algorithm", name, preset_names()))
+        import yaml
+
+        data = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+    section = data.get("algorithm", data)
+    if not isinstance(section, dict):
+        raise ConfigError(f"preset {name!r} must hold a mapping under 'algorithm'")
+    return {**section, "preset": name}
+
+
+def _normalise_algorithm(raw: dict[str, Any]) -> dict[str, Any]:
+    value = raw.get("algorithm")
+    if isinstance(value, str):
+        return {**raw, "algorithm": {"preset": value}}
+    return raw
+
+
+def load_rl_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RLRun:
+    """defaults ← preset ← YAML file ← dotted overrides, validated as one.
+
+    ``algorithm: grpo`` (file or override) selects a preset; the file's and the overrides'
+    other ``algorithm.*`` keys are applied on top of it, whichever order they come in.
+    """
+    raw = _normalise_algorithm(read_yaml(path) if path is not None else {})
+    # `algorithm=NAME` names the preset; spelled as a sub-key it combines with algorithm.* overrides
+    overrides = [
+        f"algorithm.preset={item.partition('=')[2]}" if item.strip().startswith("algorithm=") else item
+        for item in overrides
+    ]
+    update = parse_overrides(overrides)
+    if "preset" in update.get("algorithm", {}):
+        # a new preset on the command line replaces the file's algorithm section entirely
+        raw = {**raw, "algorithm": {}}
+    merged = deep_merge(raw, update)
+    algorithm = merged.get("algorithm")
+    if isinstance(algorithm, dict) and algorithm.get("preset"):
+        merged["algorithm"] = deep_merge(read_preset(algorithm["preset"]), algorithm)
+    return validate_config(RLRun, merged, source=str(path) if path else "the command line")

@@ -1,0 +1,221 @@
+"""The online RL loop: every preset runs, invalid combinations are refused before training,
+the pre-flight check stops a useless reward, a resumed run repeats a straight one exactly,
+and reward rises on an easy task."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+
+import pytest
+import torch
+
+from posttrain.cli import main
+from posttrain.config import ConfigError
+from posttrain.telemetry.metrics import read_jsonl
+from posttrain.train.rl import OnlineRL
+from posttrain.train.rl_checks import RewardPreflightError
+from posttrain.train.rl_config import load_rl_config, preset_names
+
+TINY = ["model.tiny.layers=1", "model.tiny.hidden=32", "model.tiny.heads=2"]
+SMALL = ["data.task=reverse", "data.n_train=64", "data.n_eval=9", "eval_size=0", "prompts_per_step=4"]
+SMALL += ["samples_per_prompt=4", "max_new_tokens=6", "learning_rate=1e-3", "log_every=100"]
+
+ALL_PRESETS = [
+    "grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo", "gdpo",
+    "rloo", "remax", "reinforce", "reinforce_pp", "reinforce_pp_baseline", "ppo",
+]  # fmt: skip
+
+
+def vowel_share(prompts, completions, completion_ids, **columns):
+    """Share of vowels in the completion: varies between samples of a random model, easy to raise."""
+    return [sum(c in "aeiou" for c in text) / max(len(text), 1) for text in completions]
+
+
+def has_dot(prompts, completions, completion_ids, **columns):
+    return [float("." in text) for text in completions]
+
+
+def constant(prompts, completions, completion_ids, **columns):
+    return [0.5] * len(completions)
+
+
+def make_run(tmp_path, overrides=(), rewards=(vowel_share,), name="run"):
+    config = load_rl_config(None, [*TINY, *SMALL, f"output_dir={tmp_path / name}", *overrides])
+    return OnlineRL(config, reward_functions=list(rewards), echo=lambda line: None)
+
+
+def test_every_preset_named_in_the_issue_ships():
+    assert set(ALL_PRESETS) <= set(preset_names())
+
+
+@pytest.mark.parametrize("preset", ALL_PRESETS)
+def test_every_preset_runs_and_moves_the_weights(tmp_path, preset):
+    overrides = [f"algorithm={preset}", "steps=2"]
+    rewards = (vowel_share, has_dot) if preset == "gdpo" else (vowel_share,)
+    if preset == "dapo":
+        overrides.append("algorithm.overlong.cache_length=2")
+    run = make_run(tmp_path, overrides, rewards)
+    before = [p.detach().clone() for p in run.policy.parameters()]
+    history = run.run()
+    assert len(history) == 2
+    assert all(math.isfinite(h["loss/total"]) for h in history)
+    assert any(not torch.equal(a, b) for a, b in zip(before, run.policy.parameters(), strict=True))
+    assert (tmp_path / "run" / "final" / "config.json").is_file()
+    if preset == "ppo":
+        assert "loss/value" in history[-1] and "critic/explained_variance" in history[-1]
+    if run.algo.kl.placement != "none":
+        assert "kl/ref" in history[-1]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fields"),
+    [
+        (["algorithm=ppo", "algorithm.critic=null"], ["algorithm.advantage", "algorithm.critic"]),
+        (["algorithm=grpo", "samples_per_prompt=1"], ["algorithm.advantage", "samples_per_prompt"]),
+        (["algorithm=rloo", "samples_per_prompt=1"], ["samples_per_prompt"]),
+        (["algorithm=grpo", "algorithm.kl.placement=none"], ["algorithm.kl.coef", "algorithm.kl.placement"]),
+        (["algorithm=grpo", "algorithm.kl.estimator=k1"], ["algorithm.kl.estimator"]),
+        (["algorithm=dapo", "algorithm.kl.placement=loss"], ["algorithm.kl.placement", "algorithm.kl.coef"]),
+        (["algorithm=grpo", "algorithm.kl.controller=adaptive"], ["algorithm.kl.controller"]),
+        (["algorithm=remax", "algorithm.baseline=none"], ["algorithm.baseline"]),
+        (["algorithm=grpo", "minibatch_size=6"], ["minibatch_size", "samples_per_prompt"]),
+        (["algorithm=grpp"], ["algorithm", "Did you mean 'grpo'"]),
+        (["algorithm=grpo", "algorithm.policy_loss=ppo_clipp"], ["algorithm.policy_loss", "ppo_clip"]),
+        (["algorithm=grpo", "algorithm.advantage=gae"], ["algorithm.advantage = 'gae' needs a value model"]),
+        (["algorithm=grpo", "algorithm.kl.cof=1"], ["algorithm.kl.cof", "Did you mean 'algorithm.kl.coef'"]),
+    ],
+)
+def test_invalid_combinations_are_refused_naming_the_fields(overrides, fields):
+    with pytest.raises(ConfigError) as error:
+        load_rl_config(None, [*TINY, *SMALL, *overrides])
+    for field in fields:
+        assert field in str(error.value)
+
+
+def test_preset_fields_can_be_overridden_in_any_order(tmp_path):
+    config_file = tmp_path / "c.yaml"
+    config_file.write_text("algorithm:\n  preset: grpo\n  kl: {coef: 0.5}\n")
+    config = load_rl_config(config_file, [*TINY, *SMALL, "algorithm.entropy_coef=0.01"])
+    assert config.algorithm.kl.placement == "loss" and config.algorithm.kl.coef == 0.5
+    assert config.algorithm.entropy_coef == 0.01
+    # a preset on the command line replaces the file's algorithm section, then sub-keys apply
+    config = load_rl_config(config_file, [*TINY, *SMALL, "algorithm.entropy_coef=0.01", "algorithm=dapo"])
+    assert config.algorithm.preset == "dapo" and config.algorithm.kl.placement == "none"
+    assert config.algorithm.entropy_coef == 0.01
+
+
+def test_preflight_stops_a_constant_reward_and_names_it(tmp_path):
+    run = make_run(tmp_path, ["steps=1"], rewards=(constant,))
+    with pytest.raises(RewardPreflightError) as error:
+        run.run()
+    message = str(error.value)
+    assert "'constant'" in message and "same value 0.5" in message and "allow_constant_reward" in message
+    assert "prompt 'Reverse the name" in message  # shows inputs and outputs
+    run = make_run(tmp_path, ["steps=1", "allow_constant_reward=[constant]"], rewards=(constant, vowel_share))
+    assert len(run.run()) == 1
+
+
+def test_preflight_stops_a_reward_that_never_applies(tmp_path):
+    def never(prompts, completions, completion_ids, **columns):
+        return [None] * len(completions)
+
+    run = make_run(tmp_path, ["steps=1"], rewards=(never,))
+    with pytest.raises(RewardPreflightError, match="'never' returned None"):
+        run.run()
+
+
+def test_a_reward_that_raises_is_named(tmp_path):
+    def broken(prompts, completions, completion_ids, **columns):
+        raise KeyError("answer")
+
+    run = make_run(tmp_path, ["steps=1"], rewards=(broken,))
+    with pytest.raises(Exception, match="'broken' raised KeyError"):
+        run.run()
+
+
+def test_reward_functions_receive_every_dataset_column(tmp_path):
+    seen = {}
+
+    def spy(prompts, completions, completion_ids, **columns):
+        seen.update(columns)
+        seen["ids"] = completion_ids
+        return vowel_share(prompts, completions, completion_ids)
+
+    make_run(tmp_path, ["steps=1"], rewards=(spy,)).run()
+    assert set(seen) == {"name", "ids"}
+    assert len(seen["name"]) == 16 and all(isinstance(i, list) for i in seen["ids"])
+
+
+def test_resumed_run_repeats_the_straight_run_exactly(tmp_path):
+    common = ["algorithm=grpo", "steps=4", "save_every=2", "minibatch_size=8", "ppo_epochs=2"]
+    straight = make_run(tmp_path, common, name="straight").run()
+    first = make_run(tmp_path, [*common, "steps=4"], name="resumed")
+    # stop after step 2 by running a copy configured for 2 steps into the same directory
+    first_config = first.config.model_copy(update={"steps": 2})
+    OnlineRL(first_config, reward_functions=[vowel_share], echo=lambda line: None).run()
+    resumed = make_run(tmp_path, [*common, "resume=auto"], name="resumed").run()
+    assert [h["step"] for h in resumed] == [3, 4]
+    for key in ("reward/mean", "loss/policy", "policy/grad_norm", "kl/ref", "policy/approx_kl"):
+        assert [h[key] for h in resumed] == [h[key] for h in straight[2:]], key
+    records = read_jsonl(tmp_path / "resumed" / "metrics.jsonl")
+    assert [r["step"] for r in records if "reward/mean" in r] == [1, 2, 3, 4]
+
+
+def test_dynamic_sampling_trains_only_on_groups_with_signal(tmp_path):
+    run = make_run(tmp_path, ["algorithm=dapo", "algorithm.overlong.enabled=false", "steps=1"], rewards=(has_dot,))
+    batch, metrics = run.collect(1)
+    stats = {}
+    for group, score in zip(batch.group_ids.tolist(), batch.scores.tolist(), strict=True):
+        stats.setdefault(group, set()).add(score)
+    assert all(len(values) > 1 for values in stats.values())
+    assert metrics["dynamic_sampling/kept_groups"] == len(stats) <= 4
+
+
+def test_reward_rises_on_an_easy_task(tmp_path):
+    run = make_run(
+        tmp_path,
+        ["algorithm=grpo", "algorithm.kl.placement=none", "algorithm.kl.coef=0", "steps=40", "learning_rate=3e-3"],
+    )
+    history = run.run()
+    early = sum(h["reward/mean"] for h in history[:5]) / 5
+    late = sum(h["reward/mean"] for h in history[-5:]) / 5
+    assert late > early + 0.15, (early, late)
+
+
+def test_cli_runs_a_yaml_config_with_a_user_reward_by_dotted_path(tmp_path, monkeypatch):
+    (tmp_path / "myrewards.py").write_text(
+        textwrap.dedent(
+            """
+            def vowels(prompts, completions, completion_ids, **columns):
+                return [sum(c in "aeiou" for c in t) / max(len(t), 1) for t in completions]
+            """
+        )
+    )
+    (tmp_path / "rl.yaml").write_text(
+        textwrap.dedent(
+            """
+            model: {tiny: {layers: 1, hidden: 32, heads: 2}}
+            data: {task: reverse, n_train: 64, n_eval: 9}
+            rewards: [myrewards:vowels]
+            algorithm: rloo
+            steps: 2
+            prompts_per_step: 4
+            samples_per_prompt: 4
+            max_new_tokens: 6
+            eval_size: 9
+            """
+        )
+    )
+    monkeypatch.chdir(tmp_path)
+    assert main(["rl", "--config", "rl.yaml", "output_dir=out", "algorithm.kl.coef=0.1"]) == 0
+    records = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    assert "eval/reward" in records[0] and "reward/vowels/mean" in records[1]
+    assert (tmp_path / "out" / "report.html").is_file() and (tmp_path / "out" / "samples.jsonl").is_file()
+    config_text = (tmp_path / "out" / "config.yaml").read_text()
+    assert "preset: rloo" in config_text and "coef: 0.1" in config_text
+
+
+def test_cli_refuses_a_bad_rl_config_before_loading_a_model(tmp_path, capsys):
+    assert main(["rl", "model.path=/nonexistent", "data.task=reverse", "algorithm=ppo", "algorithm.critic=null"]) == 2
+    assert "needs a value model" in capsys.readouterr().err
