@@ -1,25 +1,72 @@
 """Score a batch with several reward functions at once and combine them with weights.
 
-Functions run concurrently — ``async def`` ones on one event loop, plain ones in threads —
-because real rewards wait on things (a sandboxed test run, a reward-model server), and a
-serial loop over them is what users of other stacks complain about. Each component is kept
-separately (GDPO normalises them one by one; every one is logged).
+Functions run concurrently, because real rewards wait on things (a sandboxed test run, a
+reward model) and a serial loop over them is what users of other stacks complain about:
+
+- plain functions run in a pool of worker processes (``pool.py``), a function's batch split
+  into contiguous chunks across the workers (a callable object runs whole, see
+  :meth:`RewardSet._chunks`; a function that compares samples with each other needs
+  ``chunks: 1``); a chunk that passes its timeout or whose worker dies gets ``None`` for its
+  samples, counted in ``reward/<name>/timeouts`` and ``reward/<name>/crashes``, and the run
+  goes on;
+- functions a worker cannot receive (lambdas, closures, functions of the main script or a
+  notebook) run in a thread instead, with a warning that says why; so do all plain functions
+  with ``workers=0``. A thread cannot be stopped: on timeout its samples get ``None`` and the
+  thread is abandoned;
+- ``async def`` functions are awaited on one event loop (a timeout cancels them);
+- functions marked ``runs_in_process = True`` (reward models, ``model_reward.py``) run in the
+  trainer's process, in a thread, on the whole batch: they batch by themselves.
+
+Each component is kept separately (GDPO normalises them one by one; every one is logged).
+A function that *raises* is a bug and stops the run with its name; only hangs and crashes
+become ``None``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
+import logging
 import math
+import threading
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from posttrain.rewards.registry import NamedReward, RewardOutput
+from posttrain.rewards.pool import (
+    Deferred,
+    Task,
+    TaskResult,
+    WorkerPool,
+    call_in_thread,
+    default_workers,
+    pickled_function,
+    slice_kwargs,
+    split_batch,
+)
+from posttrain.rewards.registry import NamedReward, RewardOutput, build_builtin
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 600.0
+"""Seconds one call (one chunk) may take unless its entry says otherwise: long enough for any
+honest reward batch, short enough that a hang costs minutes, not the run."""
+
+
+MIN_CHUNK = 8
+"""Rows a plain function's chunk has at least, unless its entry sets ``chunks``: below that,
+sending a chunk to another worker costs more than scoring it."""
+
+
+class RewardPoolWarning(UserWarning):
+    """A reward function cannot run in a worker process and runs in a thread instead."""
 
 
 class RewardFunctionError(RuntimeError):
@@ -45,16 +92,40 @@ class RewardResult:
 
 
 class RewardSet:
-    """The configured reward functions with their weights."""
+    """The configured reward functions with their weights, and the workers that run them.
 
-    def __init__(self, rewards: Sequence[NamedReward], max_threads: int = 8) -> None:
+    ``workers``: worker processes for plain functions (default: one per core, at most 8;
+    0 runs them in threads). ``timeout_s``: seconds one call may take unless the reward's own
+    ``timeout`` says otherwise (None: wait forever). Workers start on the first call and are
+    kept; :meth:`close` (or ``with RewardSet(...) as rewards:``) stops them.
+    """
+
+    def __init__(
+        self,
+        rewards: Sequence[NamedReward],
+        *,
+        workers: int | None = None,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+    ) -> None:
         if not rewards:
             raise ValueError("at least one reward function is needed")
         names = [r.name for r in rewards]
         if len(set(names)) != len(names):
-            raise ValueError(f"reward names must be unique (use 'label' to rename one): {names}")
+            raise ValueError(f"reward names must be unique (use 'alias' to rename one): {names}")
+        if workers is not None and workers < 0:
+            raise ValueError(f"workers must be >= 0 (0: run plain functions in threads), got {workers}")
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive or None, got {timeout_s}")
         self.rewards = list(rewards)
-        self.max_threads = max_threads
+        self.workers = default_workers() if workers is None else workers
+        self.timeout_s = timeout_s
+        self._pickled: dict[str, bytes] = {}
+        self.modes: dict[str, str] = {}
+        """How each function runs: "pool", "thread", "async" or "in_process"."""
+        for reward in self.rewards:
+            self.modes[reward.name] = self._mode(reward)
+        self._pool: WorkerPool | None = None
+        self._pool_lock = threading.Lock()
 
     @property
     def names(self) -> list[str]:
@@ -78,37 +149,196 @@ class RewardSet:
             "completion_ids": [list(ids) for ids in completion_ids],
             **columns,
         }
-        outcomes = _run_coroutine(self._run_all(kwargs))
+        outcomes = _run_coroutine(self._run_all(kwargs, len(completions)))
         metrics: dict[str, float] = {}
         values = []
-        for reward, (output, seconds) in zip(self.rewards, outcomes, strict=True):
-            column = _check_output(reward.name, output, len(completions))
-            values.append(column)
-            metrics.update(_component_metrics(reward.name, column, seconds))
-            if isinstance(output, RewardOutput):
-                metrics.update({f"reward/{reward.name}/{k}": float(v) for k, v in output.metrics.items()})
+        for reward, outcome in zip(self.rewards, outcomes, strict=True):
+            values.append(outcome.values)
+            metrics.update(_component_metrics(reward.name, outcome.values, outcome.seconds))
+            metrics[f"reward/{reward.name}/timeouts"] = float(outcome.timeouts)
+            metrics[f"reward/{reward.name}/crashes"] = float(outcome.crashes)
+            metrics.update({f"reward/{reward.name}/{k}": float(v) for k, v in outcome.metrics.items()})
         components = torch.tensor(values, dtype=torch.float32).T.reshape(len(completions), len(self.rewards))
         weights = torch.tensor([r.weight for r in self.rewards], dtype=torch.float32)
         return RewardResult(self.names, components, weights, metrics)
 
-    async def _run_all(self, kwargs: dict[str, Any]) -> list[tuple[Any, float]]:
-        with ThreadPoolExecutor(max_workers=min(self.max_threads, len(self.rewards))) as pool:
-            loop = asyncio.get_running_loop()
-            return await asyncio.gather(*(self._run_one(reward, kwargs, loop, pool) for reward in self.rewards))
+    def start(self) -> None:
+        """Start the worker processes now rather than on the first call (~2 s: each imports
+        torch), so the first step's reward time is the rewards' own."""
+        if "pool" in self.modes.values():
+            self._ensure_pool().start()
 
-    @staticmethod
-    async def _run_one(reward: NamedReward, kwargs: dict[str, Any], loop: Any, pool: Any) -> tuple[Any, float]:
+    def close(self) -> None:
+        """Stop the worker processes (a later call starts new ones)."""
+        if self._pool is not None:
+            self._pool.close()
+
+    def __enter__(self) -> RewardSet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _mode(self, reward: NamedReward) -> str:
+        if reward.is_async:
+            return "async"
+        if reward.runs_in_process:
+            return "in_process"
+        if self.workers == 0:
+            return "thread"
+        data, why = pickled_function(reward.fn)
+        if data is None and reward.builtin is not None:  # each worker builds its own from the options
+            data, why = pickled_function(Deferred(build_builtin, *reward.builtin))
+        if data is None:
+            _warn_once(
+                f"{reward.name}:{_qualified_name(reward.fn)}",
+                f"reward function {reward.name!r} runs in a thread, not in a worker process: {why}. A thread "
+                "cannot be stopped on timeout and shares the GIL; a function at the top level of a module "
+                "(lambdas and nested functions cannot be pickled) runs in the worker pool",
+            )
+            return "thread"
+        self._pickled[reward.name] = data
+        return "pool"
+
+    def _timeout(self, reward: NamedReward) -> float | None:
+        seconds = self.timeout_s if reward.timeout_s is None else reward.timeout_s
+        return None if seconds is None or math.isinf(seconds) else seconds
+
+    async def _run_all(self, kwargs: dict[str, Any], size: int) -> list[_Outcome]:
+        alone = [r for r in self.rewards if self.modes[r.name] != "pool"]
+        pooled = [r for r in self.rewards if self.modes[r.name] == "pool"]
+        jobs = [self._run_alone(r, kwargs, size) for r in alone]
+        if pooled:
+            run = functools.partial(self._run_pooled, pooled, kwargs, size)
+            jobs.append(asyncio.wrap_future(call_in_thread(run, "reward-pool")))
+        done = await asyncio.gather(*jobs)
+        outcomes = {r.name: outcome for r, outcome in zip(alone, done, strict=False)}
+        if pooled:
+            outcomes.update(done[-1])
+        return [outcomes[r.name] for r in self.rewards]
+
+    async def _run_alone(self, reward: NamedReward, kwargs: dict[str, Any], size: int) -> _Outcome:
+        mode, timeout = self.modes[reward.name], self._timeout(reward)
         start = time.perf_counter()
         try:
-            if reward.is_async:
-                output = await reward.fn(**kwargs)
+            if mode == "async":
+                job = asyncio.ensure_future(reward.fn(**kwargs))
             else:
-                output = await loop.run_in_executor(pool, lambda: reward.fn(**kwargs))
-        except Exception as error:
-            raise RewardFunctionError(
-                f"reward function {reward.name!r} raised {type(error).__name__}: {error}"
-            ) from error
-        return output, time.perf_counter() - start
+                call = functools.partial(reward.fn, **kwargs)
+                job = asyncio.wrap_future(call_in_thread(call, f"reward-{reward.name}"))
+        except Exception as error:  # an async function that raises before its first await
+            raise _raised(reward.name, error) from error
+        # asyncio.wait, not wait_for: a TimeoutError the function raises itself is its error, not ours
+        done, _ = await asyncio.wait({job}, timeout=timeout)
+        if not done:
+            job.cancel()  # stops a coroutine; a thread cannot be stopped and runs on, abandoned
+            log.warning(
+                "reward %r: no result after %g s; its %d samples get None%s",
+                reward.name,
+                timeout,
+                size,
+                "" if mode == "async" else " (its thread cannot be stopped and keeps running)",
+            )
+            return _Outcome([math.nan] * size, time.perf_counter() - start, timeouts=size)
+        if job.exception() is not None:
+            raise _raised(reward.name, job.exception()) from job.exception()
+        output = job.result()
+        return _Outcome(_check_output(reward.name, output, size), time.perf_counter() - start, _metrics_of(output))
+
+    def _run_pooled(self, rewards: list[NamedReward], kwargs: dict[str, Any], size: int) -> dict[str, _Outcome]:
+        """Every pooled function's chunks in one run of the pool, so chunks of different
+        functions share the workers."""
+        tasks, parts = [], []
+        for reward in rewards:
+            key = self.rewards.index(reward)
+            for part in split_batch(size, min(self._chunks(reward, size), self.workers)):
+                tasks.append(Task(key, self._pickled[reward.name], slice_kwargs(kwargs, part), self._timeout(reward)))
+                parts.append((reward.name, part))
+        start = time.perf_counter()
+        results = self._ensure_pool().run(tasks)
+        outcomes = {}
+        for reward in rewards:
+            mine = [(part, result) for (name, part), result in zip(parts, results, strict=True) if name == reward.name]
+            outcomes[reward.name] = _combine_chunks(reward.name, mine, start)
+        return outcomes
+
+    def _chunks(self, reward: NamedReward, size: int) -> int:
+        """How many pieces a function's batch is split into: its ``chunks`` entry or
+        ``pool_chunks`` attribute if set; else a callable object (a built-in with options, such
+        as ``code``, which runs its programs in parallel by itself and reports shares over the
+        whole batch) runs whole, and a plain function gets one chunk per worker but none
+        smaller than :data:`MIN_CHUNK` rows."""
+        if reward.chunks is not None:
+            return reward.chunks
+        declared = getattr(reward.fn, "pool_chunks", None)
+        if declared is not None:
+            return int(declared)
+        return math.ceil(size / MIN_CHUNK) if inspect.isfunction(reward.fn) else 1
+
+    def _ensure_pool(self) -> WorkerPool:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = WorkerPool(self.workers)
+            return self._pool
+
+
+@dataclass
+class _Outcome:
+    """One function's values on the batch (NaN for None), its run time and why values are missing."""
+
+    values: list[float]
+    seconds: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    timeouts: int = 0
+    crashes: int = 0
+
+
+def _combine_chunks(name: str, chunks: list[tuple[slice, TaskResult]], start: float) -> _Outcome:
+    """The chunks' values in batch order; a chunk's extra metrics are averaged over the chunks,
+    weighted by their sizes. A chunk that raised raises here, naming the function."""
+    values: list[float] = []
+    timeouts = crashes = 0
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for part, result in chunks:
+        n = part.stop - part.start
+        if result.status == "ok":
+            values += _check_output(name, result.value, n)
+            for key, value in _metrics_of(result.value).items():
+                sums[key] = sums.get(key, 0.0) + float(value) * n
+                counts[key] = counts.get(key, 0) + n
+            continue
+        if result.status == "error":
+            raise RewardFunctionError(f"reward function {name!r} {result.error}")
+        log.warning("reward %r: %d samples get None: %s", name, n, result.error)
+        values += [math.nan] * n
+        timeouts += n if result.status == "timeout" else 0
+        crashes += n if result.status == "crash" else 0
+    seconds = max((r.finished for _, r in chunks), default=start) - start
+    metrics = {key: total / counts[key] for key, total in sums.items()}
+    return _Outcome(values, seconds, metrics, timeouts, crashes)
+
+
+def _raised(name: str, error: BaseException) -> RewardFunctionError:
+    return RewardFunctionError(f"reward function {name!r} raised {type(error).__name__}: {error}")
+
+
+def _metrics_of(output: Any) -> dict[str, float]:
+    return dict(output.metrics) if isinstance(output, RewardOutput) else {}
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, RewardPoolWarning, stacklevel=4)  # points at the RewardSet(...) call
+
+
+def _qualified_name(fn: Any) -> str:
+    owner = fn if hasattr(fn, "__qualname__") else type(fn)
+    return f"{getattr(owner, '__module__', '?')}.{owner.__qualname__}"
 
 
 def _run_coroutine(coroutine: Any) -> Any:

@@ -12,7 +12,17 @@ never read as 0. A function may instead return a :class:`RewardOutput` to log ex
 A config names a reward as a built-in (``"math"``), a dotted path importable from the working
 directory (``"mypkg.rewards:exact"``), or a mapping with options
 (``{name: overlong, max_length: 64, cache_length: 16}``); built-ins that take options are
-classes whose constructor receives them.
+classes whose constructor receives them. Three keys of a mapping are about how the function
+is run, not options of it, and work for every entry:
+
+- ``alias``: the name it is logged under (to use one function twice, or shorten a path);
+- ``timeout``: seconds one call (one chunk of the batch, see ``pool.py``) may take before
+  its samples get ``None`` and a counted timeout; ``.inf`` for never; default: the
+  RewardSet's;
+- ``chunks``: at most this many pieces the batch is split into across worker processes;
+  default: one per worker for a plain function (chunks of at least 8 rows), 1 (the whole
+  batch) for a callable object such as ``code``. Use 1 for a function that compares samples
+  with each other.
 """
 
 from __future__ import annotations
@@ -49,11 +59,34 @@ class NamedReward:
     name: str
     fn: RewardFn
     weight: float = 1.0
+    timeout_s: float | None = None
+    """Seconds one call may take; None: the RewardSet's default."""
+    chunks: int | None = None
+    """At most this many pieces a batch is split into across worker processes; None: the
+    function's ``pool_chunks`` attribute if it has one, else see ``RewardSet._chunks``."""
+    builtin: tuple[str, dict[str, Any]] | None = None
+    """(registered name, options) of a built-in class: a worker process builds its own copy
+    from them when the object itself cannot be pickled (a lock, an open handle)."""
+
+    def __post_init__(self) -> None:
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ValueError(f"reward {self.name!r}: timeout must be positive seconds, got {self.timeout_s}")
+        if self.chunks is not None and (isinstance(self.chunks, bool) or not isinstance(self.chunks, int)):
+            raise ValueError(f"reward {self.name!r}: chunks must be a positive integer, got {self.chunks!r}")
+        if self.chunks is not None and self.chunks < 1:
+            raise ValueError(f"reward {self.name!r}: chunks must be a positive integer, got {self.chunks}")
 
     @property
     def is_async(self) -> bool:
         # a class instance with an `async def __call__` is async too
         return inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(type(self.fn).__call__)
+
+    @property
+    def runs_in_process(self) -> bool:
+        """True for functions that must stay in the trainer's process (a reward model holds
+        its weights, maybe on the GPU, and batches by itself): they declare it with a
+        ``runs_in_process = True`` attribute."""
+        return bool(getattr(self.fn, "runs_in_process", False))
 
 
 def resolve_reward(spec: str | Mapping[str, Any] | RewardFn, weight: float = 1.0) -> NamedReward:
@@ -67,23 +100,51 @@ def resolve_reward(spec: str | Mapping[str, Any] | RewardFn, weight: float = 1.0
         if "name" not in options:
             raise ValueError(f"reward entry {dict(spec)!r} needs a 'name' (a built-in or pkg.module:fn)")
         spec = options.pop("name")
-    label = options.pop("label", None)
+    alias = options.pop("alias", None)
+    run = {"timeout_s": _timeout(spec, options.pop("timeout", None)), "chunks": options.pop("chunks", None)}
     if ":" in spec:
         fn = _import_path(spec)
         if options:
-            raise ValueError(f"reward {spec!r} is a user function; options {sorted(options)} cannot be passed to it")
-        return NamedReward(label or spec.split(":")[-1], fn, weight)
+            raise ValueError(
+                f"reward {spec!r} is a user function; options {sorted(options)} cannot be passed to it{_hint(options)}"
+            )
+        return NamedReward(alias or spec.split(":")[-1], fn, weight, **run)
     entry = REWARDS[spec]  # unknown names list the valid ones
     if inspect.isclass(entry):
+        run["builtin"] = (spec, options)
         try:
             fn = entry(**options)
         except TypeError as error:
-            raise ValueError(f"reward {spec!r}: bad options {options}: {error}") from None
+            raise ValueError(f"reward {spec!r}: bad options {options}: {error}{_hint(options)}") from None
     elif options:
-        raise ValueError(f"built-in reward {spec!r} takes no options, got {sorted(options)}")
+        raise ValueError(f"built-in reward {spec!r} takes no options, got {sorted(options)}{_hint(options)}")
     else:
         fn = entry
-    return NamedReward(label or spec, fn, weight)
+    return NamedReward(alias or spec, fn, weight, **run)
+
+
+def build_builtin(name: str, options: Mapping[str, Any]) -> RewardFn:
+    """A built-in class's reward function, from its registered name and options (in a worker)."""
+    import posttrain.rewards  # noqa: F401  (registers the built-ins in a fresh process)
+
+    return REWARDS[name](**options)
+
+
+def _hint(options: Mapping[str, Any]) -> str:
+    # `label` renamed a reward before model rewards took it for a classifier's label
+    return " (to rename a reward, use 'alias')" if "label" in options else ""
+
+
+def _timeout(spec: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"reward {spec!r}: timeout must be a number of seconds, got {value!r}") from None
+    if not seconds > 0:
+        raise ValueError(f"reward {spec!r}: timeout must be positive (.inf for none), got {value!r}")
+    return seconds
 
 
 def _import_path(path: str) -> RewardFn:
