@@ -291,7 +291,11 @@ def _worker_main(fd: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     faulthandler.enable()  # a segfault prints the Python stack to stderr
     _exit_with_parent()
+    import torch
+
     import posttrain.rewards  # noqa: F401  (the built-ins, and torch, before the first task)
+
+    torch.set_num_threads(1)  # the pool is the parallelism: N workers × all cores would oversubscribe
 
     functions: dict[int, Callable[..., Any]] = {}
     with contextlib.suppress(EOFError, OSError):  # the pool closed our pipe, or the trainer is gone
