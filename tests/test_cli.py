@@ -23,7 +23,7 @@ def test_help_lists_the_commands():
     assert "demo" in result.stdout
     demo_help = run_cli("demo", "--help")
     assert demo_help.returncode == 0
-    for flag in ("--seed", "--output-dir", "--sft-steps", "--threads"):
+    for flag in ("--seed", "--output-dir", "--rl-steps", "--sft-max-steps", "--no-baseline", "--threads"):
         assert flag in demo_help.stdout
 
 
@@ -35,31 +35,35 @@ def test_no_command_prints_help_and_fails():
 def test_demo_flag_defaults_match_demo_config():
     args = build_parser().parse_args(["demo"])
     defaults = {f.name: f.default for f in dataclasses.fields(DemoConfig)}
-    for name in ("seed", "output_dir", "sft_steps", "threads"):
+    for name in ("seed", "output_dir", "rl_steps", "sft_max_steps", "threads"):
         assert getattr(args, name) == defaults[name], name
+    assert args.no_baseline is (not defaults["baseline"])
 
 
 @pytest.mark.slow
-def test_demo_writes_a_loadable_run(tmp_path):
-    result = run_cli("demo", "--sft-steps", "30", "--output-dir", "tmp", "--threads", "2", cwd=tmp_path)
+def test_shortened_demo_runs_every_stage_and_rl_raises_the_reward(tmp_path):
+    """The README's main command with a tiny budget: SFT stops early, GRPO runs, the baseline runs,
+    the report is written; the sampled reward rises over the RL steps."""
+    result = run_cli(
+        "demo", "--rl-steps", "40", "--sft-max-steps", "150", "--output-dir", "out", "--threads", "2", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
-    assert "Test Set Exact Match Accuracy:" in result.stdout
-    assert "Manual Examples Accuracy: " in result.stdout and "sean     → " in result.stdout
-    run = tmp_path / "tmp"
+    assert result.stdout.count("Test Set Exact Match Accuracy:") == 2
+    assert result.stdout.count("Manual Examples Accuracy: ") == 2 and "sean     → " in result.stdout
+    run = tmp_path / "out"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["config"]["rl_steps"] == 40 and summary["sft"]["steps"] <= 150
+    assert 0.0 <= summary["accuracy_after_sft"] <= 1.0 and summary["accuracy_sft_continued"] is not None
 
-    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == list(range(1, 31))
-    assert {"loss/sft", "lr", "grad_norm"} <= set(metrics[0])
-    assert metrics[-1]["loss/sft"] < metrics[0]["loss/sft"]
+    rl_metrics = [json.loads(line) for line in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
+    rewards = [m["reward/mean"] for m in rl_metrics if "reward/mean" in m]
+    assert len(rewards) == 40
+    assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10, rewards
+    for name in ("report.html", "demo_comparison.png", "rl/report.html", "sft/metrics.jsonl"):
+        assert (run / name).is_file(), name
 
-    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
-    assert len(samples) == 500 and samples[0]["name"] == "sean"
-    assert {"prompt", "completion", "answer", "expected", "reward"} <= set(samples[0])
-
-    model = AutoModelForCausalLM.from_pretrained(run / "final")
-    tokenizer = AutoTokenizer.from_pretrained(run / "final")
+    model = AutoModelForCausalLM.from_pretrained(run / "rl" / "final")
+    tokenizer = AutoTokenizer.from_pretrained(run / "rl" / "final")
     ids = tokenizer("Reverse the name: sean. Answer:", return_tensors="pt")["input_ids"]
     with torch.no_grad():
         assert model(ids).logits.shape == (1, ids.shape[1], len(tokenizer))
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["config"]["sft_steps"] == 30 and 0.0 <= summary["accuracy_after"] <= 1.0

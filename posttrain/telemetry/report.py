@@ -62,20 +62,60 @@ def plot_groups(series: dict[str, tuple[list[int], list[float]]], out_dir: Path)
     return written
 
 
-def write_report(run_dir: str | Path, *, title: str = "posttrain run", max_samples: int = 24) -> Path:
-    """Build ``report.html`` (and its PNGs) from the run directory's JSONL files."""
+def comparison_plot(
+    curves: dict[str, list[tuple[float, float]]], path: Path, *, title: str, xlabel: str, ylabel: str
+) -> Path:
+    """Several ``label: [(x, y), ...]`` curves on one axis (e.g. accuracy of two methods over time)."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for label, points in curves.items():
+        ax.plot([x for x, _ in points], [y for _, y in points], marker="o", linewidth=1.5, label=label)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel, fontsize=9)
+    ax.set_ylabel(ylabel, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def write_report(
+    run_dir: str | Path,
+    *,
+    title: str = "posttrain run",
+    max_samples: int = 24,
+    figures: list[str] = (),
+    summary: dict[str, Any] | None = None,
+    preformatted: dict[str, str] | None = None,
+    links: dict[str, str] | None = None,
+) -> Path:
+    """Build ``report.html`` (and its PNGs) from the run directory's JSONL files.
+
+    ``figures`` (PNG names in the run directory), ``summary`` (a table of numbers),
+    ``preformatted`` (titled blocks of text) and ``links`` (title: relative URL) go first.
+    """
     run_dir = Path(run_dir)
-    records = read_jsonl(run_dir / "metrics.jsonl")
-    samples = read_jsonl(run_dir / "samples.jsonl")[-max_samples:]
+    records = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
+    samples = read_jsonl(run_dir / "samples.jsonl")[-max_samples:] if (run_dir / "samples.jsonl").is_file() else []
     series = metric_series(records)
     images = plot_groups(series, run_dir)
     last = {key: values[-1] for key, (_, values) in series.items()}
+    extra: list[str] = []
+    if links:
+        extra.append("<p>" + " · ".join(f"<a href='{html.escape(u)}'>{html.escape(t)}</a>" for t, u in links.items()))
+    if summary:
+        extra += ["<h2>Summary</h2>", _table([{"item": k, "value": v} for k, v in summary.items()])]
+    extra += [f"<p><img src='{html.escape(name)}' alt='{html.escape(name)}'></p>" for name in figures]
+    for heading, text in (preformatted or {}).items():
+        extra += [f"<h3>{html.escape(heading)}</h3>", f"<pre>{html.escape(text)}</pre>"]
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
         "<style>body{font-family:sans-serif;margin:2em;max-width:1300px}"
         "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;"
         "text-align:left;vertical-align:top}td.text{font-family:monospace;white-space:pre-wrap}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
+        *extra,
         f"<p>{len(records)} logged steps; run directory <code>{html.escape(str(run_dir))}</code>.</p>",
         "<h2>Final values</h2>",
         _table([{"metric": k, "value": f"{v:.6g}"} for k, v in sorted(last.items())]),

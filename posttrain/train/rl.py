@@ -49,7 +49,7 @@ from posttrain.algos import (
 )
 from posttrain.algos.sampling import dapo_group_filter
 from posttrain.config import dump_config
-from posttrain.models.logprobs import response_logprobs
+from posttrain.models.logprobs import response_logprobs, shared_prompt_logprobs
 from posttrain.rewards import NamedReward, RewardSet, resolve_reward
 from posttrain.rollout.engine import build_engine
 from posttrain.rollout.types import SamplingParams
@@ -123,7 +123,11 @@ class OnlineRL:
         if missing:
             raise ValueError(f"data row {missing[0]} has no {self.prompt_column!r} column (data.prompt_column)")
         self.prompt_ids = [encode_prompt(tokenizer, row[self.prompt_column]) for row in self.rows]
-        self.rewards = RewardSet(self._resolve_rewards(reward_functions, task_reward))
+        self.rewards = RewardSet(
+            self._resolve_rewards(reward_functions, task_reward),
+            workers=config.reward_workers,
+            timeout_s=config.reward_timeout,
+        )
 
         # models around the policy
         self.reference = self._build_reference() if self.algo.kl.placement != "none" else None
@@ -216,6 +220,7 @@ class OnlineRL:
         history: list[dict[str, float]] = []
         logger = MetricsLogger(self.out, resume_step=start if start else None)
         progress = Progress(config.steps, keys=PROGRESS_KEYS, every=config.log_every, label="rl", start=start)
+        self.rewards.start()  # worker start-up is not charged to the first step's reward time
         try:
             if start == 0 and self.held_out:
                 logger.log(0, self.evaluate())
@@ -243,6 +248,7 @@ class OnlineRL:
         finally:
             progress.close()
             logger.close()
+            self.rewards.close()
         return history
 
     def step(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
@@ -328,6 +334,7 @@ class OnlineRL:
             temperature=config.temperature_value,
             top_p=config.sampling.top_p,
             top_k=config.sampling.top_k,
+            stop_strings=tuple(config.sampling.stop),
             # derived from (seed, step, round), so a resumed run samples exactly the same tokens
             seed=(config.seed * 1_000_003 + step * 1009 + round_index) % 2**62,
         )
@@ -369,9 +376,9 @@ class OnlineRL:
             metrics["reward/accuracy"] = float(valid.mean())
         if present.any():
             stats = group_stats(torch.nan_to_num(scores, nan=0.0)[present], batch.group_ids[present])
-            metrics["reward/zero_variance_group_fraction"] = _zero_variance_share(
-                stats.std, stats.size, batch.group_ids[present]
-            )
+            zero, at_max = _zero_variance_shares(stats.std, stats.size, valid, batch.group_ids[present])
+            metrics["reward/zero_variance_group_fraction"] = zero
+            metrics["reward/zero_variance_at_max_fraction"] = at_max
         return metrics
 
     # ------------------------------------------------------------------ advantages
@@ -391,9 +398,9 @@ class OnlineRL:
         batch.loss_mask = loss_mask
         input_ids, attention_mask = batch.input_ids, batch.attention_mask
         if self.recompute_old_logprobs:
-            batch.old_logprobs = self._logprobs(self.policy, input_ids, attention_mask, batch.response_mask)
+            batch.old_logprobs = self._logprobs(self.policy, batch)
         if algo.kl.placement != "none":
-            batch.ref_logprobs = self._reference_logprobs(input_ids, attention_mask, batch.response_mask)
+            batch.ref_logprobs = self._reference_logprobs(batch)
         if self.critic is not None:
             from posttrain.models.value import response_values
 
@@ -463,7 +470,10 @@ class OnlineRL:
         groups, first = torch.unique(batch.group_ids, return_inverse=True)
         representative = [int(torch.nonzero(first == g)[0]) for g in range(groups.numel())]
         prompts = [batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist() for i in representative]
-        rollouts = self.engine.generate(prompts, SamplingParams(greedy=True, max_new_tokens=self.config.max_new_tokens))
+        greedy_sampling = SamplingParams(
+            greedy=True, max_new_tokens=self.config.max_new_tokens, stop_strings=tuple(self.config.sampling.stop)
+        )
+        rollouts = self.engine.generate(prompts, greedy_sampling)
         rows = [
             {self.prompt_column: batch.prompts[i], **{k: v[i] for k, v in batch.columns.items()}}
             for i in representative
@@ -472,28 +482,50 @@ class OnlineRL:
         result = self.rewards.score(greedy.prompts, greedy.completions, greedy.completion_ids, greedy.columns)
         return torch.nan_to_num(result.scores, nan=0.0)[first]
 
-    def _logprobs(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor, response_mask: Tensor) -> Tensor:
-        out = []
-        size = self.config.micro_batch_size or len(input_ids)
-        for start in range(0, len(input_ids), size):
-            part = slice(start, start + size)
-            logprobs, _ = response_logprobs(
+    def sequence_logprobs(
+        self, model: nn.Module, batch: RolloutBatch, *, with_entropy: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """``[B, T]`` log-probs (and entropies) of ``batch``'s responses under ``model`` at the
+        sampling temperature; prompts shared by a group are encoded once when configured."""
+        temperature = self.config.temperature_value
+        if self.config.shared_prompt_forward:
+            groups, prompt_index = torch.unique(batch.group_ids, return_inverse=True)
+            first = torch.full((groups.numel(),), len(batch), dtype=torch.long)
+            first = first.scatter_reduce(0, prompt_index, torch.arange(len(batch)), "amin")
+            return shared_prompt_logprobs(
                 model,
-                input_ids[part],
-                attention_mask[part],
-                response_mask=response_mask[part],
-                temperature=self.config.temperature_value,
+                batch.prompt_ids[first],
+                batch.prompt_mask[first],
+                batch.response_ids,
+                batch.response_mask,
+                prompt_index,
+                temperature=temperature,
+                with_entropy=with_entropy,
             )
-            out.append(logprobs)
-        return torch.cat(out)
+        return response_logprobs(
+            model,
+            batch.input_ids,
+            batch.attention_mask,
+            response_mask=batch.response_mask,
+            temperature=temperature,
+            with_entropy=with_entropy,
+        )
 
-    def _reference_logprobs(self, input_ids: Tensor, attention_mask: Tensor, response_mask: Tensor) -> Tensor:
+    def _logprobs(self, model: nn.Module, batch: RolloutBatch) -> Tensor:
+        size = self.config.micro_batch_size or len(batch)
+        parts = [
+            self.sequence_logprobs(model, batch.select(torch.arange(start, min(start + size, len(batch)))))[0]
+            for start in range(0, len(batch), size)
+        ]
+        return torch.cat(parts)
+
+    def _reference_logprobs(self, batch: RolloutBatch) -> Tensor:
         if self.reference is not None:
-            return self._logprobs(self.reference, input_ids, attention_mask, response_mask)
+            return self._logprobs(self.reference, batch)
         from posttrain.models.lora import reference_policy
 
         with reference_policy(self.policy):
-            return self._logprobs(self.policy, input_ids, attention_mask, response_mask)
+            return self._logprobs(self.policy, batch)
 
     # ------------------------------------------------------------------ update
     def update(self, batch: RolloutBatch, step: int) -> dict[str, float]:
@@ -526,23 +558,23 @@ class OnlineRL:
         aggregation = {"num_tokens": num_tokens, "num_seqs": num_seqs, "norm_constant": float(config.max_new_tokens)}
         loss_fn = POLICY_LOSSES[algo.policy_loss]
         beta = self.kl_controller.value if algo.kl.placement == "loss" else 0.0
-        self.optimizer.zero_grad(set_to_none=True)
+        # zeroed rather than freed: a minibatch whose samples are all skipped still takes the
+        # optimizer step the full computation would take (zero gradient, Adam moments decaying)
+        self.optimizer.zero_grad(set_to_none=False)
         if self.critic_optimizer is not None:
             self.critic_optimizer.zero_grad(set_to_none=True)
+        trained = self._samples_with_gradient(minibatch)
+        trained_tokens = max(float(trained.loss_mask.sum()), 1.0)
         size = config.micro_batch_size or len(minibatch)
-        sums: dict[str, float] = {}
-        for start in range(0, len(minibatch), size):
-            micro = minibatch.select(torch.arange(start, min(start + size, len(minibatch))))
-            share = float(micro.loss_mask.sum()) / max(float(num_tokens), 1.0)
-            input_ids, attention_mask = micro.input_ids, micro.attention_mask
-            logprobs, entropy = response_logprobs(
-                self.policy,
-                input_ids,
-                attention_mask,
-                response_mask=micro.response_mask,
-                temperature=config.temperature_value,
-                with_entropy=True,
-            )
+        sums: dict[str, float] = {
+            "train/active_fraction": len(trained) / max(len(minibatch), 1),
+            "loss/total": 0.0,
+            "loss/policy": 0.0,
+        }
+        for start in range(0, len(trained), size):
+            micro = trained.select(torch.arange(start, min(start + size, len(trained)))).trimmed()
+            share = float(micro.loss_mask.sum()) / trained_tokens
+            logprobs, entropy = self.sequence_logprobs(self.policy, micro, with_entropy=True)
             old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
             policy_loss, loss_metrics = loss_fn(
                 logprobs=logprobs,
@@ -604,6 +636,25 @@ class OnlineRL:
             self.critic_optimizer.step()
         sums["policy/grad_norm"] = grad_norm
         return sums
+
+    def _samples_with_gradient(self, minibatch: RolloutBatch) -> RolloutBatch:
+        """The samples whose loss can have a gradient.
+
+        Without an entropy bonus, a KL term in the loss or a critic, a sample whose advantages
+        are all 0 (e.g. every sample of its group got the same reward) contributes exactly 0 to
+        every registered policy loss, so its forward and backward passes are skipped. The loss
+        is still normalised over the whole minibatch (``num_tokens``/``num_seqs``), so the
+        gradient is the same as computing it; only time is saved (most groups, once a task is
+        mostly solved). Diagnostics such as entropy and clip fraction then cover the trained
+        samples.
+        """
+        algo = self.algo
+        if algo.entropy_coef or algo.kl.placement == "loss" or self.critic is not None:
+            return minibatch
+        active = (minibatch.advantages.abs() * minibatch.loss_mask).sum(-1) > 0
+        if bool(active.all()):
+            return minibatch
+        return minibatch.select(torch.nonzero(active).flatten())
 
     def _critic_loss(self, micro: RolloutBatch, share: float) -> dict[str, float]:
         from posttrain.models.value import response_values
@@ -696,14 +747,19 @@ class OnlineRL:
         return int(state["step"])
 
 
-def _zero_variance_share(std: Tensor, size: Tensor, group_ids: Tensor) -> float:
-    """Share of groups (of more than one sample) whose rewards are all equal."""
+def _zero_variance_shares(std: Tensor, size: Tensor, scores: Tensor, group_ids: Tensor) -> tuple[float, float]:
+    """(share of groups of more than one sample whose rewards are all equal, share of those
+    equal groups sitting at the batch's highest reward — prompts the policy has learned)."""
     _, first = torch.unique(group_ids, return_inverse=True)
-    seen: dict[int, bool] = {}
+    best = float(scores.max())
+    equal: dict[int, bool] = {}
+    solved: dict[int, bool] = {}
     for index, group in enumerate(first.tolist()):
-        if group not in seen and int(size[index]) > 1:
-            seen[group] = bool(std[index] == 0)
-    return sum(seen.values()) / max(len(seen), 1)
+        if group not in equal and int(size[index]) > 1:
+            equal[group] = bool(std[index] == 0)
+            solved[group] = equal[group] and float(scores[index]) == best
+    zero = sum(equal.values())
+    return zero / max(len(equal), 1), sum(solved.values()) / max(zero, 1)
 
 
 def run_rl(

@@ -82,6 +82,24 @@ class RolloutBatch:
                 picked[item.name] = value
         return RolloutBatch(**picked)
 
+    def trimmed(self) -> RolloutBatch:
+        """The same samples without the padding columns no sample uses (left of the longest
+        prompt, right of the longest response): a subset of a batch is often narrower."""
+        prompt_start = int((self.prompt_mask.sum(0) > 0).long().argmax()) if len(self) else 0
+        response_width = int(self.response_mask.sum(-1).max()) if len(self) else 0
+        response_width = max(response_width, 1)
+        if prompt_start == 0 and response_width == self.response_ids.shape[1]:
+            return self
+        picked: dict[str, Any] = {}
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if isinstance(value, Tensor) and item.name in ("prompt_ids", "prompt_mask"):
+                value = value[:, prompt_start:]
+            elif isinstance(value, Tensor) and value.dim() == 2 and item.name != "reward_components":
+                value = value[:, :response_width]
+            picked[item.name] = value
+        return RolloutBatch(**picked)
+
 
 def from_rollouts(
     rollouts: Rollouts, tokenizer: Any, rows: Sequence[Mapping[str, Any]], prompt_column: str, group_offset: int = 0

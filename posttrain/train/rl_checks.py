@@ -74,6 +74,7 @@ class StepWarnings:
 
     TRUNCATED_SHARE = 0.5
     ZERO_VARIANCE_SHARE = 0.8
+    LEARNED_SHARE = 0.75
 
     def __init__(self, echo: Callable[[str], None], *, max_new_tokens: int, every: int = 50) -> None:
         self.echo, self.max_new_tokens, self.every = echo, max_new_tokens, every
@@ -94,7 +95,9 @@ class StepWarnings:
                 "reflects an unfinished answer. Raise max_new_tokens, or set algorithm.mask_truncated=true.",
             )
         zero = metrics.get("reward/zero_variance_group_fraction", 0.0)
-        if group_estimator and zero > self.ZERO_VARIANCE_SHARE:
+        # groups that all reached the best reward are prompts the policy has learned: success
+        learned = metrics.get("reward/zero_variance_at_max_fraction", 0.0) >= self.LEARNED_SHARE
+        if group_estimator and zero > self.ZERO_VARIANCE_SHARE and not learned:
             self._warn(
                 "zero_variance",
                 step,
@@ -102,7 +105,7 @@ class StepWarnings:
                 "are 0. The task is too easy or too hard for the policy: raise samples_per_prompt, "
                 "enable algorithm.dynamic_sampling, or start from a better SFT model.",
             )
-        if metrics.get("advantage/abs_max", 1.0) == 0.0:
+        if metrics.get("advantage/abs_max", 1.0) == 0.0 and not learned:
             self._warn(
                 "zero_advantage",
                 step,

@@ -42,7 +42,7 @@ class SFTConfig:
 
 
 Example = tuple[list[int], list[int]]  # (input_ids, loss_mask)
-StepCallback = Callable[[dict[str, float]], None]
+StepCallback = Callable[[dict[str, float]], "bool | None"]
 
 
 def encode_row(tokenizer: PreTrainedTokenizerBase, prompt: str, completion: str) -> Example:
@@ -138,7 +138,8 @@ def train_sft(
     """Fine-tune `model` in place on rows with "prompt" and "completion"; returns per-step metrics.
 
     Each step's metrics (``step``, ``loss/sft``, ``lr``, ``grad_norm``, ``time/elapsed_s``)
-    also go to `on_step` as soon as the step ends.
+    also go to `on_step` as soon as the step ends; if it returns True, training stops there
+    (early stopping on a validation check, or a wall-time budget).
     """
     device = next(model.parameters()).device
     examples = [encode_row(tokenizer, row["prompt"], row["completion"]) for row in rows]
@@ -168,7 +169,7 @@ def train_sft(
             "time/elapsed_s": time.perf_counter() - start,
         }
         history.append(metrics)
-        if on_step is not None:
-            on_step(metrics)
+        if on_step is not None and on_step(metrics):
+            break
     model.train(was_training)
     return history

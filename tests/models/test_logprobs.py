@@ -177,3 +177,38 @@ def test_response_mask_gives_the_prompt_width_and_zeroes_masked_tokens():
     model.config.final_logit_softcapping = 30.0
     with pytest.raises(ValueError, match="final_logit_softcapping"):
         response_logprobs(model, IDS, MASK, 3, lm_head_chunks=True)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_shared_prompt_forward_equals_the_full_forward_in_values_and_gradients(arch):
+    from posttrain.models.logprobs import shared_prompt_logprobs
+    from posttrain.models.tiny import build_tiny_causal_lm
+
+    model = build_tiny_causal_lm(50, arch=arch, layers=2, hidden=32, heads=4, seed=0)
+    generator = torch.Generator().manual_seed(0)
+    prompts, width, group, length = 3, 7, 4, 5
+    prompt_mask = torch.ones(prompts, width, dtype=torch.long)
+    prompt_mask[0, :2] = 0  # left padding of different widths
+    prompt_mask[2, :1] = 0
+    prompt_ids = torch.randint(3, 50, (prompts, width), generator=generator).masked_fill(prompt_mask == 0, 0)
+    index = torch.tensor([0, 0, 1, 2, 2, 2, 1, 0, 1, 2, 0, 1])  # any order, uneven groups
+    response_mask = torch.ones(len(index), length)
+    response_mask[1, 3:] = 0
+    response_mask[5, 1:] = 0
+    response_ids = torch.randint(3, 50, (len(index), length), generator=generator).masked_fill(response_mask == 0, 0)
+    full_ids = torch.cat([prompt_ids[index], response_ids], 1)
+    full_mask = torch.cat([prompt_mask[index], response_mask.long()], 1)
+
+    expected, expected_entropy = response_logprobs(
+        model, full_ids, full_mask, response_mask=response_mask, with_entropy=True, temperature=0.7
+    )
+    shared, shared_entropy = shared_prompt_logprobs(
+        model, prompt_ids, prompt_mask, response_ids, response_mask, index, with_entropy=True, temperature=0.7
+    )
+    torch.testing.assert_close(shared, expected, atol=2e-6, rtol=0)
+    torch.testing.assert_close(shared_entropy, expected_entropy, atol=2e-6, rtol=0)
+    weights = torch.randn(expected.shape, generator=generator)
+    grads_full = torch.autograd.grad((expected * weights).sum(), list(model.parameters()))
+    grads_shared = torch.autograd.grad((shared * weights).sum(), list(model.parameters()))
+    for full, part in zip(grads_full, grads_shared, strict=True):
+        torch.testing.assert_close(part, full, atol=1e-5, rtol=1e-4)

@@ -19,7 +19,7 @@ from posttrain.train.rl_config import load_rl_config, preset_names
 
 TINY = ["model.tiny.layers=1", "model.tiny.hidden=32", "model.tiny.heads=2"]
 SMALL = ["data.task=reverse", "data.n_train=64", "data.n_eval=9", "eval_size=0", "prompts_per_step=4"]
-SMALL += ["samples_per_prompt=4", "max_new_tokens=6", "learning_rate=1e-3", "log_every=100"]
+SMALL += ["samples_per_prompt=4", "max_new_tokens=6", "learning_rate=1e-3", "log_every=100", "reward_workers=0"]
 
 ALL_PRESETS = [
     "grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo", "gdpo",
@@ -219,3 +219,9 @@ def test_cli_runs_a_yaml_config_with_a_user_reward_by_dotted_path(tmp_path, monk
 def test_cli_refuses_a_bad_rl_config_before_loading_a_model(tmp_path, capsys):
     assert main(["rl", "model.path=/nonexistent", "data.task=reverse", "algorithm=ppo", "algorithm.critic=null"]) == 2
     assert "needs a value model" in capsys.readouterr().err
+
+
+def test_the_shipped_rl_config_validates():
+    config = load_rl_config("configs/reverse_grpo.yaml")
+    assert config.algorithm.preset == "grpo" and config.algorithm.kl.placement == "none"
+    assert config.sampling.stop == ["."] and config.rollout_batch_size == 256
