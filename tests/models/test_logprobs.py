@@ -186,7 +186,7 @@ def test_shared_prompt_forward_equals_the_full_forward_in_values_and_gradients(a
 
     model = build_tiny_causal_lm(50, arch=arch, layers=2, hidden=32, heads=4, seed=0)
     generator = torch.Generator().manual_seed(0)
-    prompts, width, group, length = 3, 7, 4, 5
+    prompts, width, length = 3, 7, 5
     prompt_mask = torch.ones(prompts, width, dtype=torch.long)
     prompt_mask[0, :2] = 0  # left padding of different widths
     prompt_mask[2, :1] = 0
