@@ -223,7 +223,11 @@ def shared_prompt_logprobs(
     positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
     prompt_out = model(
-        input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, past_key_values=cache, use_cache=True,
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
         logits_to_keep=1,
     )
     cache = prompt_out.past_key_values
