@@ -100,6 +100,7 @@ def posttrain_side(shared: list[str], sft_dir: str, out_dir: str) -> dict:
             "output_dir": out_dir,
             "log_every": 10**9,
             "preflight": False,
+            "reward_workers": 0,  # TRL scores in its own process too
         },
     )
     model, tokenizer = load_causal_lm(sft_dir), load_tokenizer(sft_dir)
