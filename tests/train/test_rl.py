@@ -184,7 +184,7 @@ def test_reward_rises_on_an_easy_task(tmp_path):
 
 
 def test_cli_runs_a_yaml_config_with_a_user_reward_by_dotted_path(tmp_path, monkeypatch):
-    (tmp_path / "myrewards.py").write_text(
+    (tmp_path / "rl_cli_rewards.py").write_text(
         textwrap.dedent(
             """
             def vowels(prompts, completions, completion_ids, **columns):
@@ -197,7 +197,7 @@ def test_cli_runs_a_yaml_config_with_a_user_reward_by_dotted_path(tmp_path, monk
             """
             model: {tiny: {layers: 1, hidden: 32, heads: 2}}
             data: {task: reverse, n_train: 64, n_eval: 9}
-            rewards: [myrewards:vowels]
+            rewards: [rl_cli_rewards:vowels]
             algorithm: rloo
             steps: 2
             prompts_per_step: 4
