@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from timing import take_turns
 
 from posttrain.data.tasks.reverse import make_prompt, split_names
 from posttrain.models.tiny import build_tiny_causal_lm
@@ -49,20 +50,6 @@ def other_processes_load(run: Callable[[], object]) -> tuple[object, float | Non
     if before is None or after is None:
         return result, None
     return result, max(0.0, (after - before) - (own_after - own_before)) / wall
-
-
-def take_turns(sides: dict[str, Callable[[], object]], repeats: int, warmup: int) -> dict[str, float]:
-    """Median seconds per call of each side, the sides interleaved call by call."""
-    for fn in sides.values():
-        for _ in range(warmup):
-            fn()
-    samples: dict[str, list[float]] = {name: [] for name in sides}
-    for _ in range(repeats):
-        for name, fn in sides.items():
-            start = time.perf_counter()
-            fn()
-            samples[name].append(time.perf_counter() - start)
-    return {name: statistics.median(times) for name, times in samples.items()}
 
 
 def max_logprob_error(model: torch.nn.Module, rollouts: Rollouts) -> float:

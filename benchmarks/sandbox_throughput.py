@@ -27,23 +27,11 @@ import statistics
 import subprocess
 import time
 import warnings
-from collections.abc import Callable
+
+from timing import take_turns
 
 from posttrain.rewards.code import CodeReward
 from posttrain.rewards.sandbox import Limits, Sandbox
-
-
-def take_turns(sides: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median seconds per call of each side, the sides interleaved call by call."""
-    for fn in sides.values():
-        fn()  # warm-up (page cache, cgroup directories)
-    samples: dict[str, list[float]] = {name: [] for name in sides}
-    for _ in range(repeats):
-        for name, fn in sides.items():
-            start = time.perf_counter()
-            fn()
-            samples[name].append(time.perf_counter() - start)
-    return {name: statistics.median(times) for name, times in samples.items()}
 
 
 def batch(samples: int) -> tuple[list[str], list[list[dict]]]:

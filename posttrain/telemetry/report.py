@@ -96,8 +96,8 @@ def write_report(
     ``preformatted`` (titled blocks of text) and ``links`` (title: relative URL) go first.
     """
     run_dir = Path(run_dir)
-    records = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
-    samples = read_jsonl(run_dir / "samples.jsonl")[-max_samples:] if (run_dir / "samples.jsonl").is_file() else []
+    records = read_jsonl(run_dir / "metrics.jsonl")  # a missing file reads as no records
+    samples = read_jsonl(run_dir / "samples.jsonl")[-max_samples:]
     series = metric_series(records)
     images = plot_groups(series, run_dir)
     last = {key: values[-1] for key, (_, values) in series.items()}

@@ -354,12 +354,12 @@ class OnlineRL:
             )
             scores = scores + penalty
         batch.scores, batch.reward_components = scores, result.components
-        metrics = {**result.metrics, **self._reward_metrics(batch, result.names)}
+        metrics = {**result.metrics, **self._reward_metrics(batch)}
         metrics.update({"time/generate_s": t1 - t0, "time/reward_s": t2 - t1})
         metrics["throughput/generated_tokens_per_s"] = float(batch.response_mask.sum()) / max(t1 - t0, 1e-9)
         return batch, metrics
 
-    def _reward_metrics(self, batch: RolloutBatch, names: list[str]) -> dict[str, float]:
+    def _reward_metrics(self, batch: RolloutBatch) -> dict[str, float]:
         scores = batch.scores
         present = ~scores.isnan()
         valid = scores[present]
@@ -375,7 +375,7 @@ class OnlineRL:
         if valid.numel() and bool(((valid == 0) | (valid == 1)).all()):
             metrics["reward/accuracy"] = float(valid.mean())
         if present.any():
-            stats = group_stats(torch.nan_to_num(scores, nan=0.0)[present], batch.group_ids[present])
+            stats = group_stats(valid, batch.group_ids[present])
             zero, at_max = _zero_variance_shares(stats.std, stats.size, valid, batch.group_ids[present])
             metrics["reward/zero_variance_group_fraction"] = zero
             metrics["reward/zero_variance_at_max_fraction"] = at_max
@@ -396,7 +396,6 @@ class OnlineRL:
         if algo.mask_truncated:
             loss_mask[batch.truncated] = 0.0
         batch.loss_mask = loss_mask
-        input_ids, attention_mask = batch.input_ids, batch.attention_mask
         if self.recompute_old_logprobs:
             batch.old_logprobs = self._logprobs(self.policy, batch)
         if algo.kl.placement != "none":
@@ -404,9 +403,8 @@ class OnlineRL:
         if self.critic is not None:
             from posttrain.models.value import response_values
 
-            batch.values = (
-                response_values(self.critic, input_ids, attention_mask, batch.prompt_ids.shape[1]) * batch.response_mask
-            )
+            values = response_values(self.critic, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1])
+            batch.values = values * batch.response_mask
         rollout_logprobs = batch.old_logprobs if batch.old_logprobs is not None else batch.engine_logprobs
         if algo.kl.placement == "reward":
             beta = self.kl_controller.value
