@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from posttrain.algos.sampling import overlong_reward_penalty
+from posttrain.data.tasks.preference import true_preference_score
 from posttrain.data.tasks.reverse import reverse_reward
 from posttrain.rewards.registry import register_reward
 
@@ -45,6 +46,15 @@ def exact_match(prompts: Sequence[Any], completions: Sequence[Any], completion_i
 
 
 register_reward("reverse")(reverse_reward)
+
+
+@register_reward("preference_rule")
+def preference_rule(prompts: Sequence[Any], completions: Sequence[Any], completion_ids: Any = None, **columns: Any):
+    """The rule that labels the synthetic preference task (``data.tasks.preference``): the
+    "true" preference a learned reward model only approximates. Logged beside a reward model
+    with weight 0, it measures reward over-optimisation as it happens."""
+    return [true_preference_score(str(p), completion_text(c)) for p, c in zip(prompts, completions, strict=True)]
+
 
 # R1-Zero's template: the whole response is a think block followed by an answer block.
 _FORMAT = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.DOTALL)

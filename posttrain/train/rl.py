@@ -130,7 +130,7 @@ class OnlineRL:
         )
 
         # models around the policy
-        self.reference = self._build_reference() if self.algo.kl.placement != "none" else None
+        self.reference = self._build_reference() if self.algo.kl.needs_reference else None
         self.critic = self._build_critic() if self.algo.critic is not None else None
         self.engine = build_engine(self.policy, tokenizer, kind=config.engine)
 
@@ -398,7 +398,7 @@ class OnlineRL:
         batch.loss_mask = loss_mask
         if self.recompute_old_logprobs:
             batch.old_logprobs = self._logprobs(self.policy, batch)
-        if algo.kl.placement != "none":
+        if algo.kl.needs_reference:
             batch.ref_logprobs = self._reference_logprobs(batch)
         if self.critic is not None:
             from posttrain.models.value import response_values
@@ -674,14 +674,21 @@ class OnlineRL:
         """Greedy completions of the held-out prompts, scored by the run's rewards."""
         from posttrain.evaluate import evaluate
 
+        components: list[Tensor] = []
+
         def score(prompts: list[Any], completions: list[str], completion_ids: list[list[int]], **columns: Any) -> list:
             result = self.rewards.score(prompts, completions, completion_ids, columns)
+            components.append(result.components)
             return [None if math.isnan(v) else v for v in result.scores.tolist()]
 
         result = evaluate(self.policy, self.tokenizer, self.held_out, score, max_new_tokens=self.config.max_new_tokens)
         self.policy.train()
         values = [s["reward"] for s in result.samples if s["reward"] is not None]
         metrics = {"eval/reward": result.accuracy}
+        if len(self.rewards.names) > 1:  # each function's own mean, weight-0 (monitoring) ones included
+            table = torch.cat(components)
+            for index, name in enumerate(self.rewards.names):
+                metrics[f"eval/{name}/mean"] = float(table[:, index].nanmean())
         if values and all(v in (0.0, 1.0) for v in values):
             metrics["eval/accuracy"] = result.accuracy
         self.last_eval = result

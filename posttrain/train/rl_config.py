@@ -56,6 +56,14 @@ class KLSection(Section):
     """Horizon of the proportional controller, in samples."""
     level: Literal["token", "sequence"] = "token"
     """With placement "reward": per-token penalties, or TRL-RLOO's one Σ_t kl on the last token."""
+    monitor: bool = False
+    """Measure the KL to the initial policy (metric kl/ref) even when it is not optimised
+    (placement "none"), e.g. to watch a β = 0 run drift; costs one reference forward per step."""
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the run keeps a reference policy and computes its log-probs each step."""
+        return self.placement != "none" or self.monitor
 
 
 class CriticSection(Section):

@@ -24,11 +24,12 @@ FORMATS = {
     "arithmetic": "prompt_completion",
     "preference": "preference",
     "preference_noisy": "preference",
+    "preference_sft": "prompt_completion",
 }
 
 
 def row_key(row):
-    return (row["prompt"], row.get("chosen"), row.get("rejected"))
+    return (row["prompt"], row.get("completion"), row.get("chosen"), row.get("rejected"))
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))
@@ -54,7 +55,8 @@ def test_task_rows_are_valid_short_and_inside_the_char_tokenizers_charset(name):
 
 
 def test_an_unknown_task_lists_the_valid_ones():
-    with pytest.raises(KeyError, match="valid names: arithmetic, preference, preference_noisy, reverse"):
+    valid = "arithmetic, preference, preference_noisy, preference_sft, reverse"
+    with pytest.raises(KeyError, match=f"valid names: {valid}"):
         get_task("maths")
 
 
@@ -192,3 +194,10 @@ def test_the_rule_is_hackable_by_piling_up_kind_words():
     honest, hack = " nice calm owl.", " good kind nice warm calm happy good kind nice."
     assert count_kind_words(hack) > count_kind_words(honest)
     assert true_preference_score(prompt, hack) < 0 < true_preference_score(prompt, honest)
+
+
+def test_preference_sft_demonstrates_the_chosen_side_of_the_same_pairs():
+    pairs, demos = get_task("preference")(200, 50, 4), get_task("preference_sft")(200, 50, 4)
+    assert demos.reward == pairs.reward == "preference_rule"
+    for rows, pair_rows in ((demos.train, pairs.train), (demos.held_out, pairs.held_out)):
+        assert rows == [{"prompt": r["prompt"], "completion": r["chosen"]} for r in pair_rows]

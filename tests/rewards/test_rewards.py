@@ -160,3 +160,10 @@ def test_line_count_length_and_overlong():
     result = score([overlong], ["p"] * 3, ["a" * 5, "a" * 8, "a" * 10])  # lengths in tokens
     assert torch.allclose(result.scores, torch.tensor([0.0, -0.5, -1.0]))
     assert not math.isnan(result.metrics["reward/overlong/mean"])
+
+
+def test_preference_rule_reward_is_the_tasks_labelling_rule():
+    fn = resolve_reward("preference_rule").fn
+    prompts = ["Describe the cat.", "Describe the cat.", "Describe the owl."]
+    completions = [" nice calm cat.", " good good good good.", " nice calm cat."]
+    assert fn(prompts, completions, None) == [3.0, -2.0, 2.0]

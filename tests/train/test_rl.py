@@ -183,6 +183,28 @@ def test_reward_rises_on_an_easy_task(tmp_path):
     assert late > early + 0.15, (early, late)
 
 
+def test_kl_monitor_measures_the_drift_of_a_run_that_does_not_optimise_it(tmp_path):
+    base = ["algorithm=grpo", "algorithm.kl.placement=none", "algorithm.kl.coef=0", "steps=6", "learning_rate=3e-3"]
+    watched = make_run(tmp_path, [*base, "algorithm.kl.monitor=true"], name="watched").run()
+    unwatched = make_run(tmp_path, base, name="unwatched").run()
+    assert all("kl/ref" not in h for h in unwatched)
+    assert watched[0]["kl/ref"] == pytest.approx(0.0, abs=1e-6)  # sampled from the reference itself
+    assert watched[-1]["kl/ref"] > 1e-4  # the policy has moved away from it
+    # the KL is only watched: both runs make the same updates
+    assert [h["reward/mean"] for h in watched] == pytest.approx([h["reward/mean"] for h in unwatched], abs=1e-5)
+
+
+def test_evaluation_reports_each_reward_including_weight_zero_monitors(tmp_path):
+    overrides = ["eval_size=9", "steps=1", "reward_weights=[1.0,0.0]"]
+    run = make_run(tmp_path, overrides, rewards=(vowel_share, has_dot))
+    metrics = run.evaluate()
+    shares = [vowel_share(None, [s["completion"]], None)[0] for s in run.last_eval.samples]
+    dots = [has_dot(None, [s["completion"]], None)[0] for s in run.last_eval.samples]
+    assert metrics["eval/vowel_share/mean"] == pytest.approx(sum(shares) / len(shares))
+    assert metrics["eval/has_dot/mean"] == pytest.approx(sum(dots) / len(dots))
+    assert metrics["eval/reward"] == pytest.approx(metrics["eval/vowel_share/mean"])  # weight 0: not in the sum
+
+
 def test_cli_runs_a_yaml_config_with_a_user_reward_by_dotted_path(tmp_path, monkeypatch):
     (tmp_path / "rl_cli_rewards.py").write_text(
         textwrap.dedent(
@@ -219,6 +241,15 @@ def test_cli_runs_a_yaml_config_with_a_user_reward_by_dotted_path(tmp_path, monk
 def test_cli_refuses_a_bad_rl_config_before_loading_a_model(tmp_path, capsys):
     assert main(["rl", "model.path=/nonexistent", "data.task=reverse", "algorithm=ppo", "algorithm.critic=null"]) == 2
     assert "needs a value model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("beta_zero", [False, True])
+def test_the_shipped_rlhf_ppo_config_validates_with_and_without_the_kl_penalty(beta_zero):
+    overrides = ["algorithm.kl.placement=none", "algorithm.kl.coef=0", "algorithm.kl.controller=fixed"]
+    config = load_rl_config("configs/rlhf_ppo.yaml", overrides if beta_zero else [])
+    assert config.algorithm.advantage == "gae" and config.algorithm.critic is not None
+    assert config.algorithm.kl.needs_reference  # monitored even at β = 0
+    assert config.reward_weights == [1.0, 0.0]
 
 
 def test_the_shipped_rl_config_validates():

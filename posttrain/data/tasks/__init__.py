@@ -43,9 +43,18 @@ def _arithmetic(n_train: int, n_test: int, seed: int) -> TaskData:
 
 @TASKS.register("preference")
 def _preference(n_train: int, n_test: int, seed: int) -> TaskData:
-    """Preference pairs labelled by ``preference.true_preference_score``."""
+    """Preference pairs labelled by ``preference.true_preference_score`` (the reward
+    ``preference_rule``, which also scores RL on these prompts)."""
     train, held_out = preference.split_pairs(n_train, n_test, seed=seed)
-    return TaskData(train, held_out, None)
+    return TaskData(train, held_out, "preference_rule")
+
+
+@TASKS.register("preference_sft")
+def _preference_sft(n_train: int, n_test: int, seed: int) -> TaskData:
+    """Demonstrations for the SFT stage of RLHF: the preferred response of each pair of the
+    ``preference`` task (same seed, same pairs) as prompt/completion rows."""
+    train, held_out = preference.split_pairs(n_train, n_test, seed=seed)
+    return TaskData(preference.demonstrations(train), preference.demonstrations(held_out), "preference_rule")
 
 
 @TASKS.register("preference_noisy")

@@ -112,6 +112,12 @@ def split_pairs(
     return train, held_out
 
 
+def demonstrations(pairs: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """``{prompt, completion}`` rows from the chosen side of preference rows: what a labeller
+    would write (InstructGPT's SFT stage learns from demonstrations, not from comparisons)."""
+    return [{"prompt": row["prompt"], "completion": row["chosen"]} for row in pairs]
+
+
 def _draw_pairs(n: int, rng: random.Random, exclude: set[tuple[str, str]]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     while len(rows) < n:
