@@ -1,0 +1,49 @@
+"""examples/rlhf.py, shortened: SFT → reward model → PPO with and without the KL penalty → DPO.
+
+The directions of the seeds' point about reward hacking must hold even in the short version:
+without β the learned reward rises while the true preference (the labelling rule) does not,
+with β the true preference rises and the KL stays small, and DPO raises the true preference.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "rlhf.py"
+
+
+def load_example():
+    spec = importlib.util.spec_from_file_location("posttrain_example_rlhf", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_rlhf_example_shows_reward_hacking_and_its_mitigation(tmp_path):
+    summary = load_example().main(["--quick", "--output-dir", str(tmp_path)])
+    trends, policies = summary["ppo_trends"], summary["policies"]
+
+    def rise(run, key):
+        return trends[f"{run}/{key}"]["last_steps"] - trends[f"{run}/{key}"]["first_steps"]
+
+    rm, true = "reward/reward_model/mean", "reward/preference_rule/mean"
+    # β = 0: the learned reward goes up, the true preference does not follow it
+    assert rise("ppo_beta0", rm) > 2.0, trends
+    assert rise("ppo_beta0", true) < 0.25, trends
+    # β > 0: both go up, and the policy stays closer to the SFT model
+    assert rise("ppo", rm) > 2.0 and rise("ppo", true) > 0.5, trends
+    assert trends["ppo/kl/ref"]["last_steps"] < trends["ppo_beta0/kl/ref"]["last_steps"], trends
+    # on held-out prompts: PPO with β and DPO beat the SFT model under the rule
+    assert policies["ppo"]["win_rate_vs_sft"] > 0.55, policies["ppo"]
+    assert policies["dpo"]["true_preference"] > policies["sft"]["true_preference"], policies
+    assert policies["ppo"]["kl_to_sft_nats"] < policies["ppo_beta0"]["kl_to_sft_nats"], policies
+    assert json.loads((tmp_path / "summary.json").read_text())["policies"].keys() == policies.keys()
+    assert (tmp_path / "rlhf_hacking.png").stat().st_size > 10_000
+    assert (tmp_path / "report.html").is_file()
