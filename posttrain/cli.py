@@ -104,6 +104,19 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _import_gguf(args: argparse.Namespace) -> int:
+    from posttrain.models.gguf import describe, import_gguf
+
+    try:
+        folder = import_gguf(args.file, args.out_dir)
+    except (ImportError, FileNotFoundError, ValueError) as error:
+        print(f"posttrain models import-gguf: {error}", file=sys.stderr)
+        return 2
+    summary = ", ".join(f"{key} {value}" for key, value in describe(folder).items())
+    print(f"[models] {args.file} -> {folder} ({summary}); load it with model.path={folder}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     presets = ", ".join(preset_names()) or "(none found in ./configs)"
     parser = argparse.ArgumentParser(
@@ -135,6 +148,21 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--max-new-tokens", type=int, default=16)
     evaluate.add_argument("--seed", type=int, default=0, help="seeds the held-out set and sampling")
     evaluate.set_defaults(handler=_eval)
+
+    models = commands.add_parser("models", help="model files: import-gguf")
+    model_commands = models.add_subparsers(
+        title="model commands", dest="model_command", metavar="COMMAND", required=True
+    )
+    gguf = model_commands.add_parser(
+        "import-gguf",
+        help="turn a .gguf file (llama.cpp) into a Hugging Face folder",
+        description="Read a GGUF file with transformers (weights dequantised), rebuild a plain model of the "
+        "same architecture and write it with its tokenizer and chat template as a Hugging Face folder that "
+        "plain transformers loads. Needs the gguf package (pip install 'posttrain[gguf]').",
+    )
+    gguf.add_argument("file", help="the .gguf file")
+    gguf.add_argument("out_dir", help="the folder to write")
+    gguf.set_defaults(handler=_import_gguf)
 
     demo = commands.add_parser(
         "demo",

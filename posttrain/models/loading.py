@@ -163,7 +163,18 @@ def load_causal_lm(
     trust_remote_code: bool = False,
 ) -> PreTrainedModel:
     """``AutoModelForCausalLM`` from a local folder, in ``dtype`` on ``device`` (eval mode, as
-    transformers returns it). ``dtype="auto"`` keeps the dtype saved in config.json."""
+    transformers returns it). ``dtype="auto"`` keeps the dtype saved in config.json.
+
+    A ``.gguf`` file works too (needs the ``gguf`` package): its weights are dequantised into a
+    plain model of the same architecture (``posttrain.models.gguf``)."""
+    from posttrain.models.gguf import is_gguf_path, load_gguf_causal_lm
+
+    if is_gguf_path(path):
+        resolved = resolve_dtype(dtype)
+        model = load_gguf_causal_lm(path, dtype=torch.float32 if resolved == "auto" else resolved).to(device)
+        if gradient_checkpointing:
+            enable_checkpointing(model)
+        return model
     return load_pretrained(
         AutoModelForCausalLM,
         path,
@@ -189,9 +200,16 @@ def load_tokenizer(
     passes, reward models), where real tokens keep positions 0…n-1. ``None`` keeps the
     folder's own setting.
     """
-    folder = existing_folder(path, "tokenizer")
+    from posttrain.models.gguf import is_gguf_path, load_gguf_tokenizer
+
     if padding_side not in (None, "left", "right"):
         raise ModelLoadError(f"padding_side must be 'left', 'right' or None, not {padding_side!r}")
+    if is_gguf_path(path):  # the tokenizer and chat template stored in the GGUF file
+        tokenizer = load_gguf_tokenizer(path)
+        if padding_side is not None:
+            tokenizer.padding_side = padding_side
+        return ensure_pad_token(tokenizer, source=str(path))
+    folder = existing_folder(path, "tokenizer")
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, TypeError) as error:

@@ -1,0 +1,88 @@
+"""GGUF import: a tiny Llama written here as a GGUF file (llama.cpp's layout, Q8_0 matrices)
+becomes a Hugging Face folder that plain transformers loads with the same logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from posttrain.cli import main
+from posttrain.models.chat import ensure_chat_template
+from posttrain.models.gguf import import_gguf, load_gguf_causal_lm, require_gguf
+from posttrain.models.loading import load_causal_lm, load_tokenizer
+from posttrain.models.tiny import build_tiny_causal_lm
+from posttrain.models.tokenizers import train_bpe_tokenizer
+
+pytest.importorskip("gguf", reason="the gguf package is a dev dependency (pip install -e '.[dev]')")
+from tests.models.tiny_gguf import write_tiny_gguf  # needs gguf
+
+TEXT = "The owl sat on the log, number 17."
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    texts = [f"The {a} sat on the {b}, number {i}." for i in range(300) for a, b in [("cat", "mat"), ("owl", "log")]]
+    tokenizer = ensure_chat_template(train_bpe_tokenizer(texts, vocab_size=400))
+    model = build_tiny_causal_lm(len(tokenizer), layers=2, hidden=64, heads=4, tokenizer=tokenizer).eval()
+    folder = tmp_path_factory.mktemp("gguf")
+    write_tiny_gguf(model, tokenizer, folder / "tiny-q8.gguf")
+    write_tiny_gguf(model, tokenizer, folder / "tiny-f32.gguf", quantize=False)
+    return model, tokenizer, folder
+
+
+def logits(model, tokenizer, text=TEXT):
+    with torch.no_grad():
+        return model(torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])).logits
+
+
+def test_an_unquantised_gguf_holds_the_original_model(tiny):
+    model, tokenizer, folder = tiny
+    loaded = load_gguf_causal_lm(folder / "tiny-f32.gguf")
+    torch.testing.assert_close(logits(loaded, tokenizer), logits(model, tokenizer), atol=1e-5, rtol=0)
+
+
+def test_imported_folder_loads_in_plain_transformers_with_the_gguf_models_logits(tiny, tmp_path):
+    model, tokenizer, folder = tiny
+    out = import_gguf(folder / "tiny-q8.gguf", tmp_path / "hf")
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    plain = AutoModelForCausalLM.from_pretrained(out)
+    plain_tokenizer = AutoTokenizer.from_pretrained(out)
+    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file="tiny-q8.gguf")
+    torch.testing.assert_close(logits(plain, plain_tokenizer), logits(gguf_model, tokenizer), atol=1e-5, rtol=0)
+    # Q8_0 moves the weights a little, not the model
+    assert (logits(plain, tokenizer) - logits(model, tokenizer)).abs().max() < 0.05
+    assert plain_tokenizer(TEXT)["input_ids"] == tokenizer(TEXT, add_special_tokens=False)["input_ids"]
+    messages = [{"role": "user", "content": "Hi"}]
+    assert plain_tokenizer.apply_chat_template(messages, tokenize=False) == tokenizer.apply_chat_template(
+        messages, tokenize=False
+    )
+
+
+def test_posttrain_loads_a_gguf_path_as_a_trainable_model(tiny):
+    _, tokenizer, folder = tiny
+    loaded = load_causal_lm(folder / "tiny-f32.gguf")
+    loaded_tokenizer = load_tokenizer(folder / "tiny-f32.gguf")
+    assert loaded_tokenizer.pad_token_id == tokenizer.pad_token_id
+    ids = torch.tensor([loaded_tokenizer(TEXT, add_special_tokens=False)["input_ids"]])
+    loaded.train()
+    loss = loaded(input_ids=ids, labels=ids).loss
+    loss.backward()
+    assert all(p.grad is not None for p in loaded.parameters() if p.requires_grad)
+
+
+def test_cli_import_gguf(tiny, tmp_path, capsys):
+    _, _, folder = tiny
+    assert main(["models", "import-gguf", str(folder / "tiny-q8.gguf"), str(tmp_path / "out")]) == 0
+    assert "model_type llama" in capsys.readouterr().out
+    assert main(["models", "import-gguf", str(tmp_path / "missing.gguf"), str(tmp_path / "x")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_missing_gguf_package_gives_the_install_command(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
+    with pytest.raises(ImportError, match=r"pip install 'posttrain\[gguf\]'"):
+        require_gguf()
