@@ -68,7 +68,11 @@ class DataSection(Section):
     path: str | None = None
     """Local data: .jsonl, .json, .parquet, .csv or a saved datasets folder. Overrides `task`."""
     task: str | None = None
-    """A built-in task that generates its data (reverse, arithmetic, preference, preference_noisy)."""
+    """A task that generates its data: built-in (reverse, arithmetic, preference, preference_sft,
+    preference_noisy) or ``reasoning_gym:<name>`` (e.g. reasoning_gym:gsm_symbolic; needs the
+    reasoning-gym package), whose rows are scored by the ``reasoning_gym`` reward."""
+    task_options: dict[str, Any] = Field(default_factory=dict)
+    """Options of a reasoning_gym task, passed to reasoning_gym.create_dataset (e.g. {difficulty: ...})."""
     prompt_column: str = "prompt"
     """Column holding the prompt, if not "prompt"."""
     format: Literal["prompt", "prompt_completion", "preference", "conversational"] | None = None
@@ -168,7 +172,7 @@ def load_rows(
         }
         held_out = read_dataset(section.eval_path, **options) if section.eval_path else []
         return read_dataset(section.path, **options), held_out, None
-    task = get_task(section.task)(section.n_train, section.n_eval, seed)
+    task = get_task(section.task, section.task_options)(section.n_train, section.n_eval, seed)
     return task.train, task.held_out, task.reward
 
 

@@ -6,7 +6,7 @@ same rows, and no held-out row is in training. Add one with ``@TASKS.register("n
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +64,16 @@ def _preference_noisy(n_train: int, n_test: int, seed: int) -> TaskData:
     return TaskData(train, held_out, None)
 
 
-def get_task(name: str) -> Callable[[int, int, int], TaskData]:
-    """The task generator called `name`; an unknown name lists the valid ones."""
+def get_task(name: str, options: Mapping[str, Any] | None = None) -> Callable[[int, int, int], TaskData]:
+    """The task generator called `name`; an unknown name lists the valid ones.
+
+    ``reasoning_gym:<task>`` generates a reasoning-gym task (``data.tasks.reasoning_gym``), with
+    ``options`` passed to it; the built-in tasks take no options.
+    """
+    from posttrain.data.tasks.reasoning_gym import PREFIX, make_task
+
+    if name.startswith(PREFIX):
+        return make_task(name.removeprefix(PREFIX), options)
+    if options:
+        raise ValueError(f"data.task_options only apply to {PREFIX}<task> tasks, not to {name!r}")
     return TASKS[name]
