@@ -23,7 +23,7 @@ Every variant plays the same 50 seeded testbeds with the same random draws:
 
     .venv/bin/python examples/bandit.py       # a few seconds
 
-Writes ``runs/bandit/``: ``regret.png`` (cumulative regret, mean ± std over seeds) and
+Writes ``runs/bandit/``: ``regret.png`` (cumulative regret over the runs: mean, 10–90th percentile) and
 ``summary.json`` (final cumulative regret, share of pulls on the best arm, gradient variance).
 """
 
@@ -192,7 +192,7 @@ def _run_on(means: Tensor, config: BanditConfig) -> dict[str, Any]:
 
 
 def write_report(result: dict[str, Any], output_dir: Path) -> None:
-    """Save ``regret.png`` (cumulative regret, mean ± std over runs) and ``summary.json``."""
+    """Save ``regret.png`` (cumulative regret: mean, 10th–90th percentile over runs) and ``summary.json``."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers and CI
@@ -201,10 +201,12 @@ def write_report(result: dict[str, Any], output_dir: Path) -> None:
     output_dir.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for name, cumulative in result["curves"].items():
-        mean, std = cumulative.mean(0).numpy(), cumulative.std(0).numpy()
+        mean = cumulative.mean(0).numpy()
+        low, high = torch.quantile(cumulative, torch.tensor([0.1, 0.9]), dim=0).numpy()
         steps = np.arange(1, mean.size + 1)
         (line,) = ax.plot(steps, mean, label=name)
-        ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.15)
+        # a percentile band, not ± std: regret is skewed (a few runs stuck on a worse arm) and never negative
+        ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.15)
     config = result["summary"]["config"]
     ax.set(
         xlabel="pull",
