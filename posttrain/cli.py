@@ -74,6 +74,10 @@ def _eval(args: argparse.Namespace) -> int:
     model, tokenizer = load_causal_lm(args.model).eval(), load_tokenizer(args.model)
     task = get_task(args.task)(1, args.n, args.seed)
     rows = task.held_out
+    if args.prompt_template:
+        from posttrain.data.prompt_templates import template_rows
+
+        rows = template_rows(rows, args.prompt_template)
     if not (args.reward or task.reward):
         print(f"posttrain eval: task {args.task!r} has no reward to score with; pass --reward", file=sys.stderr)
         return 2
@@ -146,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--n", type=int, default=500, help="held-out rows")
     evaluate.add_argument("--k", type=int, default=1, help="also report pass@k with k samples at temperature 1")
     evaluate.add_argument("--max-new-tokens", type=int, default=16)
+    evaluate.add_argument(
+        "--prompt-template", default=None, help="as data.prompt_template in the run's config (e.g. r1_zero)"
+    )
     evaluate.add_argument("--seed", type=int, default=0, help="seeds the held-out set and sampling")
     evaluate.set_defaults(handler=_eval)
 

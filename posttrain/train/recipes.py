@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from posttrain.config import Section, dump_config
 from posttrain.data import read_dataset
@@ -75,6 +75,10 @@ class DataSection(Section):
     """Options of a reasoning_gym task, passed to reasoning_gym.create_dataset (e.g. {difficulty: ...})."""
     prompt_column: str = "prompt"
     """Column holding the prompt, if not "prompt"."""
+    prompt_template: str | None = None
+    """Text around every prompt, with ``{prompt}`` where the prompt goes, applied on loading for
+    SFT, RL and evaluation alike (a conversation: its last user message); or a named template:
+    ``r1_zero`` (DeepSeek-R1-Zero's think/answer instruction, posttrain/data/prompt_templates.py)."""
     format: Literal["prompt", "prompt_completion", "preference", "conversational"] | None = None
     """Row format; detected from the columns when not given."""
     split: str | None = None
@@ -87,6 +91,15 @@ class DataSection(Section):
     """Held-out rows a task generates (evaluation)."""
     eval_path: str | None = None
     """Local held-out data for evaluation (with `path`)."""
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _known_template(cls, value: str | None) -> str | None:
+        if value is not None:
+            from posttrain.data.prompt_templates import resolve_prompt_template
+
+            resolve_prompt_template(value)
+        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> DataSection:
@@ -158,10 +171,23 @@ def build_model_and_tokenizer(section: ModelSection, seed: int) -> tuple[Any, An
 def load_rows(
     section: DataSection, seed: int, allowed_formats: tuple[str, ...] | None = None
 ) -> tuple[list[dict], list[dict], str | None]:
-    """(train rows, held-out rows, name of the built-in reward that scores them, if any).
+    """(train rows, held-out rows, name of the built-in reward that scores them, if any), with
+    ``data.prompt_template`` applied.
 
     ``allowed_formats`` makes a file of the wrong kind (e.g. prompt-only rows for SFT) fail at
     load time, naming the format found, rather than deep inside training."""
+    train, held_out, reward = _read_rows(section, seed, allowed_formats)
+    if section.prompt_template is not None:
+        from posttrain.data.prompt_templates import template_rows
+
+        template, column = section.prompt_template, section.prompt_column
+        train, held_out = template_rows(train, template, column), template_rows(held_out, template, column)
+    return train, held_out, reward
+
+
+def _read_rows(
+    section: DataSection, seed: int, allowed_formats: tuple[str, ...] | None
+) -> tuple[list[dict], list[dict], str | None]:
     if section.path is not None:
         options = {
             "data_format": section.format,
