@@ -33,15 +33,16 @@ def generate_greedy(
     *,
     max_new_tokens: int = 12,
     batch_size: int = 256,
+    stop: Sequence[str] = (),
 ) -> tuple[list[str], list[list[int]]]:
-    """Greedy completions of `prompts`: (texts without special tokens, ids up to and incl. EOS).
+    """Greedy completions of `prompts`: (texts without special tokens, ids up to and incl. EOS
+    or the end of a `stop` string).
 
     Uses the rollout engine the RL loop samples with, so evaluation sees exactly the
     policy that training optimises.
     """
-    texts, ids = sample_completions(
-        model, tokenizer, prompts, SamplingParams(greedy=True, max_new_tokens=max_new_tokens), batch_size=batch_size
-    )
+    sampling = SamplingParams(greedy=True, max_new_tokens=max_new_tokens, stop_strings=tuple(stop))
+    texts, ids = sample_completions(model, tokenizer, prompts, sampling, batch_size=batch_size)
     return texts, ids
 
 
@@ -74,14 +75,17 @@ def evaluate(
     *,
     max_new_tokens: int = 12,
     batch_size: int = 256,
+    stop: Sequence[str] = (),
 ) -> EvalResult:
     """Generate greedily for each row's "prompt" and score with `reward_fn` (TRL's signature).
 
     Every other column of the rows reaches `reward_fn` as a keyword list, as in training.
+    `stop` ends completions as the RL run's ``sampling.stop`` does: a policy trained with stop
+    strings never learns what comes after them, and the reward should not read it.
     """
     prompts = [row["prompt"] for row in rows]
     completions, completion_ids = generate_greedy(
-        model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size
+        model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size, stop=stop
     )
     # TRL passes every column except these three; a reference "completion" would otherwise
     # collide with the generated one.

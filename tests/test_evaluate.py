@@ -57,3 +57,15 @@ def test_evaluate_scores_and_passes_columns_like_trl(model, tokenizer):
 def test_untrained_model_scores_zero_on_reverse(model, tokenizer):
     result = evaluate(model, tokenizer, make_rows(["sean", "joel", "chen"]), reverse_reward)
     assert result.accuracy == 0.0 and len(result.samples) == 3
+
+
+def test_stop_strings_end_greedy_completions_as_in_rl_sampling(model, tokenizer):
+    rows = make_rows(["sean", "akshitaxy"])
+    free = evaluate(model, tokenizer, rows, reverse_reward, max_new_tokens=12).samples
+    stop = free[0]["completion"][3:5]  # two characters the untrained model writes mid-completion
+    stopped = evaluate(model, tokenizer, rows, reverse_reward, max_new_tokens=12, stop=[stop]).samples
+    for before, after in zip(free, stopped, strict=True):
+        cut = before["completion"].find(stop)
+        expected = before["completion"] if cut < 0 else before["completion"][: cut + len(stop)]
+        assert after["completion"] == expected
+    assert len(stopped[0]["completion"]) < len(free[0]["completion"])

@@ -671,7 +671,8 @@ class OnlineRL:
 
     # ------------------------------------------------------------------ evaluation, logs, checkpoints
     def evaluate(self) -> dict[str, float]:
-        """Greedy completions of the held-out prompts, scored by the run's rewards."""
+        """Greedy completions of the held-out prompts, ended by the same stop strings as the
+        samples, scored by the run's rewards."""
         from posttrain.evaluate import evaluate
 
         components: list[Tensor] = []
@@ -681,7 +682,15 @@ class OnlineRL:
             components.append(result.components)
             return [None if math.isnan(v) else v for v in result.scores.tolist()]
 
-        result = evaluate(self.policy, self.tokenizer, self.held_out, score, max_new_tokens=self.config.max_new_tokens)
+        config = self.config
+        result = evaluate(
+            self.policy,
+            self.tokenizer,
+            self.held_out,
+            score,
+            max_new_tokens=config.max_new_tokens,
+            stop=config.sampling.stop,
+        )
         self.policy.train()
         values = [s["reward"] for s in result.samples if s["reward"] is not None]
         metrics = {"eval/reward": result.accuracy}
