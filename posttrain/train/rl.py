@@ -372,7 +372,8 @@ class OnlineRL:
             "response/length_max": float(lengths.max()),
             "response/truncated_fraction": float(batch.truncated.float().mean()),
         }
-        if valid.numel() and bool(((valid == 0) | (valid == 1)).all()):
+        # a sum of several 0/1 rewards (answer + format) that happens to be 0/1 is no accuracy
+        if len(self.rewards.names) == 1 and valid.numel() and bool(((valid == 0) | (valid == 1)).all()):
             metrics["reward/accuracy"] = float(valid.mean())
         if present.any():
             stats = group_stats(valid, batch.group_ids[present])
@@ -698,7 +699,7 @@ class OnlineRL:
             table = torch.cat(components)
             for index, name in enumerate(self.rewards.names):
                 metrics[f"eval/{name}/mean"] = float(table[:, index].nanmean())
-        if values and all(v in (0.0, 1.0) for v in values):
+        if len(self.rewards.names) == 1 and values and all(v in (0.0, 1.0) for v in values):
             metrics["eval/accuracy"] = result.accuracy
         self.last_eval = result
         return metrics

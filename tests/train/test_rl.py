@@ -205,6 +205,17 @@ def test_evaluation_reports_each_reward_including_weight_zero_monitors(tmp_path)
     assert metrics["eval/reward"] == pytest.approx(metrics["eval/vowel_share/mean"])  # weight 0: not in the sum
 
 
+def never(prompts, completions, completion_ids, **columns):
+    return [0.0] * len(completions)
+
+
+def test_accuracy_is_reported_for_one_0_1_reward_not_for_a_sum_that_happens_to_be_0_1(tmp_path):
+    one = make_run(tmp_path, ["eval_size=9", "preflight=false"], rewards=(has_dot,), name="one")
+    two = make_run(tmp_path, ["eval_size=9", "preflight=false"], rewards=(has_dot, never), name="two")
+    assert "eval/accuracy" in one.evaluate() and "reward/accuracy" in one.step(1)[0]
+    assert "eval/accuracy" not in two.evaluate() and "reward/accuracy" not in two.step(1)[0]
+
+
 def test_cli_runs_a_yaml_config_with_a_user_reward_by_dotted_path(tmp_path, monkeypatch):
     (tmp_path / "rl_cli_rewards.py").write_text(
         textwrap.dedent(
