@@ -37,7 +37,7 @@ from posttrain.telemetry.report import write_report
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # A smaller model, SFT and RL, for the test (about a minute): the direction of the effect only.
 QUICK_SFT = ["steps=50", "batch_size=16", "data.n_eval=50"]
-QUICK_RL = ["steps=25", "eval_every=0", "eval_size=50", "data.n_eval=50", "prompts_per_step=8"]
+QUICK_RL = ["steps=20", "eval_every=0", "eval_size=50", "data.n_eval=50"]
 WINDOW = 5  # RL steps averaged at each end of the sampled curves (one step is noisy)
 
 

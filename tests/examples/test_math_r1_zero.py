@@ -81,10 +81,11 @@ def test_the_rl_config_runs_unchanged_on_a_local_qwen2_with_its_own_bpe_tokenize
 @pytest.mark.slow
 def test_grpo_raises_the_format_reward_left_low_by_a_short_cold_start(tmp_path):
     summary = load_example().main(["--quick", "--output-dir", str(tmp_path)])
-    first, last = summary["sampled_format"]
+    first, last = summary["sampled_format"]  # means over 5 steps of 128 samples: ±0.03 by chance
     assert first < 0.6, summary  # the cold start leaves room
-    assert last > first + 0.2, summary
-    assert summary["greedy_format"][1] >= summary["greedy_format"][0], summary
+    assert last > first + 0.1, summary
+    before, after = summary["greedy_format"]  # 50 held-out prompts; unchanged without learning
+    assert after > before + 0.15, summary
     assert summary["response_length"][1] > 0
     report = (tmp_path / "grpo" / "report.html").read_text()
     assert (tmp_path / "grpo" / "math_r1_zero.png").is_file() and "math_r1_zero.png" in report
