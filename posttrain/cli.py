@@ -82,7 +82,7 @@ def _eval(args: argparse.Namespace) -> int:
         print(f"posttrain eval: task {args.task!r} has no reward to score with; pass --reward", file=sys.stderr)
         return 2
     reward = resolve_reward(args.reward or task.reward).fn
-    result = evaluate(model, tokenizer, rows, reward, max_new_tokens=args.max_new_tokens)
+    result = evaluate(model, tokenizer, rows, reward, max_new_tokens=args.max_new_tokens, stop=args.stop)
     report = {"task": args.task, "rows": len(rows), "greedy_accuracy": result.accuracy}
     if args.k > 1:
         report[f"pass@{args.k}"] = pass_at_k(
@@ -152,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--max-new-tokens", type=int, default=16)
     evaluate.add_argument(
         "--prompt-template", default=None, help="as data.prompt_template in the run's config (e.g. r1_zero)"
+    )
+    evaluate.add_argument(
+        "--stop", action="append", default=[], help="a string that ends completions, as sampling.stop (repeatable)"
     )
     evaluate.add_argument("--seed", type=int, default=0, help="seeds the held-out set and sampling")
     evaluate.set_defaults(handler=_eval)

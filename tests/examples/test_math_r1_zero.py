@@ -60,7 +60,7 @@ def _local_qwen2_with_bpe(folder: Path) -> Path:
     return folder
 
 
-def test_the_rl_config_runs_unchanged_on_a_local_qwen2_with_its_own_bpe_tokenizer(tmp_path):
+def test_the_rl_config_runs_unchanged_on_a_local_qwen2_with_its_own_bpe_tokenizer(tmp_path, capsys):
     from posttrain.models.loading import load_tokenizer
 
     folder = _local_qwen2_with_bpe(tmp_path / "qwen2")
@@ -76,6 +76,10 @@ def test_the_rl_config_runs_unchanged_on_a_local_qwen2_with_its_own_bpe_tokenize
     assert tokenizer.chat_template and len(tokenizer) == len(load_tokenizer(folder))
     prompt = read_jsonl(out / "samples.jsonl")[0]["prompt"]
     assert prompt.endswith(". Assistant:") and len(tokenizer(prompt)["input_ids"]) < len(prompt) / 2  # subwords
+    capsys.readouterr()
+    evaluate = ["eval", "--model", str(out / "final"), "--task", "arithmetic", "--n", "4", "--reward", "format"]
+    assert main([*evaluate, "--prompt-template", "r1_zero", "--stop", "</answer>", "--max-new-tokens", "8"]) == 0
+    assert '"rows": 4' in capsys.readouterr().out
 
 
 @pytest.mark.slow
