@@ -78,6 +78,10 @@ def _eval(args: argparse.Namespace) -> int:
         from posttrain.data.prompt_templates import template_rows
 
         rows = template_rows(rows, args.prompt_template)
+    if args.chat_template:
+        from posttrain.data.prompt_templates import chat_rows
+
+        rows = chat_rows(rows)
     if not (args.reward or task.reward):
         print(f"posttrain eval: task {args.task!r} has no reward to score with; pass --reward", file=sys.stderr)
         return 2
@@ -152,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--max-new-tokens", type=int, default=16)
     evaluate.add_argument(
         "--prompt-template", default=None, help="as data.prompt_template in the run's config (e.g. r1_zero)"
+    )
+    evaluate.add_argument(
+        "--chat-template", action="store_true", help="as data.chat_template: prompts through the chat template"
     )
     evaluate.add_argument(
         "--stop", action="append", default=[], help="a string that ends completions, as sampling.stop (repeatable)"

@@ -11,6 +11,7 @@ from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from posttrain.models.chat import prompt_ids
 from posttrain.rollout.engine import build_engine
 from posttrain.rollout.types import SamplingParams
 
@@ -59,7 +60,7 @@ def sample_completions(
     texts: list[str] = []
     ids: list[list[int]] = []
     for start in range(0, len(prompts), batch_size):
-        chunk = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts[start : start + batch_size]]
+        chunk = [prompt_ids(tokenizer, p) for p in prompts[start : start + batch_size]]
         out = engine.generate(chunk, sampling)
         for row, length in zip(out.response_ids.tolist(), out.response_lengths.tolist(), strict=True):
             ids.append(row[:length])

@@ -5,6 +5,8 @@ same prompt text, and reward functions receive it too (the ``format`` reward rea
 prompt already opens ``<think>``). This is verl's way (the instruction is part of the prompt
 column) rather than a chat template's: it is plain text, for base models as in R1-Zero.
 Conversations are templated in their last user message, and their chat template applies after.
+``data.chat_template`` turns text prompts into one user message each, for instruct models whose
+chat template frames the turn (``chat_rows``).
 """
 
 from __future__ import annotations
@@ -59,5 +61,18 @@ def template_rows(rows: Sequence[Mapping[str, Any]], template: str, column: str 
         key = column if column in row else "messages" if "messages" in row else None
         if key is not None:
             row[key] = apply_prompt_template(row[key], text)
+        out.append(row)
+    return out
+
+
+def chat_rows(rows: Sequence[Mapping[str, Any]], column: str = "prompt") -> list[dict[str, Any]]:
+    """Copies of `rows` whose text prompt (`column`) became a one-message conversation,
+    ``[{"role": "user", "content": prompt}]``, which the tokenizer's chat template formats
+    (``data.chat_template``); prompts already given as messages are kept."""
+    out = []
+    for row in rows:
+        row = dict(row)
+        if isinstance(row.get(column), str):
+            row[column] = [{"role": "user", "content": row[column]}]
         out.append(row)
     return out

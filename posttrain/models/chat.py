@@ -38,6 +38,14 @@ def chat_prompt_ids(
     return list(ids)
 
 
+def prompt_ids(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]]) -> list[int]:
+    """Token ids a sampler continues from: plain text as is (no special tokens added), a
+    conversation through the chat template with the assistant's turn opened."""
+    if isinstance(prompt, str):
+        return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    return chat_prompt_ids(tokenizer, prompt)
+
+
 def split_conversation(messages: Sequence[Mapping[str, str]]) -> tuple[list[Mapping[str, str]], str]:
     """(messages before the last assistant turn, that turn's text) for SFT on conversations."""
     if not messages or messages[-1].get("role") != "assistant":

@@ -79,6 +79,10 @@ class DataSection(Section):
     """Text around every prompt, with ``{prompt}`` where the prompt goes, applied on loading for
     SFT, RL and evaluation alike (a conversation: its last user message); or a named template:
     ``r1_zero`` (DeepSeek-R1-Zero's think/answer instruction, posttrain/data/prompt_templates.py)."""
+    chat_template: bool = False
+    """Send every text prompt through the tokenizer's chat template as one user message, the
+    assistant's turn opened (instruct models, e.g. SmolLM2-Instruct); after ``prompt_template``.
+    SFT completions then are the assistant's reply. Conversational rows always use it."""
     format: Literal["prompt", "prompt_completion", "preference", "conversational"] | None = None
     """Row format; detected from the columns when not given."""
     split: str | None = None
@@ -115,6 +119,8 @@ class SFTRun(LoopConfig):
     """Prompt/completion or conversational rows."""
     eval_max_new_tokens: int = Field(16, ge=1)
     """Tokens generated per held-out prompt when evaluating a task's reward."""
+    eval_batch_size: int = Field(256, ge=1)
+    """Held-out prompts generated at once (lower it to bound the KV cache of a large model)."""
 
 
 class RewardModelRun(LoopConfig):
@@ -172,7 +178,7 @@ def load_rows(
     section: DataSection, seed: int, allowed_formats: tuple[str, ...] | None = None
 ) -> tuple[list[dict], list[dict], str | None]:
     """(train rows, held-out rows, name of the built-in reward that scores them, if any), with
-    ``data.prompt_template`` applied.
+    ``data.prompt_template`` and ``data.chat_template`` applied.
 
     ``allowed_formats`` makes a file of the wrong kind (e.g. prompt-only rows for SFT) fail at
     load time, naming the format found, rather than deep inside training."""
@@ -182,6 +188,10 @@ def load_rows(
 
         template, column = section.prompt_template, section.prompt_column
         train, held_out = template_rows(train, template, column), template_rows(held_out, template, column)
+    if section.chat_template:
+        from posttrain.data.prompt_templates import chat_rows
+
+        train, held_out = chat_rows(train, section.prompt_column), chat_rows(held_out, section.prompt_column)
     return train, held_out, reward
 
 
@@ -217,7 +227,14 @@ def run_sft(config: SFTRun) -> list[dict[str, float]]:
         reward = resolve_reward(reward_name).fn
 
         def evaluate_fn() -> dict[str, float]:
-            result = evaluate(model, tokenizer, held_out, reward, max_new_tokens=config.eval_max_new_tokens)
+            result = evaluate(
+                model,
+                tokenizer,
+                held_out,
+                reward,
+                max_new_tokens=config.eval_max_new_tokens,
+                batch_size=config.eval_batch_size,
+            )
             return {"accuracy": result.accuracy}
 
     return train_offline(

@@ -75,11 +75,9 @@ PROGRESS_KEYS = ("reward/mean", "eval/accuracy", "loss/policy", "kl/ref", "respo
 
 def encode_prompt(tokenizer: Any, prompt: Any) -> list[int]:
     """Token ids a sampler continues from: plain text as is, chat messages through the template."""
-    if isinstance(prompt, str):
-        return tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    from posttrain.models.chat import chat_prompt_ids
+    from posttrain.models.chat import prompt_ids
 
-    return chat_prompt_ids(tokenizer, prompt)
+    return prompt_ids(tokenizer, prompt)
 
 
 class OnlineRL:
@@ -690,6 +688,7 @@ class OnlineRL:
             self.held_out,
             score,
             max_new_tokens=config.max_new_tokens,
+            batch_size=config.eval_batch_size,
             stop=config.sampling.stop,
         )
         self.policy.train()

@@ -217,6 +217,8 @@ class RLRun(Section):
     """Greedy evaluation on held-out prompts every this many steps (0: before and after only)."""
     eval_size: int = Field(500, ge=0)
     """Held-out prompts evaluated (0: no evaluation)."""
+    eval_batch_size: int = Field(256, ge=1)
+    """Held-out prompts generated at once (lower it to bound the KV cache of a large model)."""
     log_samples: int = Field(4, ge=0)
     """Completions written to samples.jsonl per step."""
     seed: int = 0

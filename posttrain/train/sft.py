@@ -45,11 +45,14 @@ Example = tuple[list[int], list[int]]  # (input_ids, loss_mask)
 StepCallback = Callable[[dict[str, float]], "bool | None"]
 
 
-def encode_row(tokenizer: PreTrainedTokenizerBase, prompt: str, completion: str) -> Example:
-    """(input_ids, loss_mask) for prompt + completion + EOS; the mask is 1 on completion and EOS."""
+def encode_row(tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict], completion: str) -> Example:
+    """(input_ids, loss_mask) for prompt + completion + EOS; the mask is 1 on completion and EOS.
+    A prompt given as chat messages goes through the chat template, the assistant's turn opened."""
+    from posttrain.models.chat import prompt_ids as encode_prompt
+
     # Tokenised separately, so the prompt's ids are the same as at generation time even for
     # subword tokenizers that would merge across the prompt/completion boundary.
-    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    prompt_ids = encode_prompt(tokenizer, prompt)
     completion_ids = [*tokenizer(completion, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
     return prompt_ids + completion_ids, [0] * len(prompt_ids) + [1] * len(completion_ids)
 
