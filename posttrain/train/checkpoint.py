@@ -259,3 +259,20 @@ def _fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def save_final(model: Any, path: str | Path, tokenizer: Any = None) -> Path:
+    """A run's ``final/`` folder: always a plain Hugging Face model folder (DESIGN.md's run
+    directory), so the next stage or any tool loads it by path. For a LoRA (peft) model that is
+    the model with its adapters folded in, and the adapters alone go to ``final/adapter/``."""
+    path = Path(path)
+    if type(model).__module__.startswith("peft"):
+        from posttrain.models.lora import save_merged
+
+        save_merged(model, path, tokenizer=tokenizer)
+        model.save_pretrained(path / "adapter")
+        return path
+    model.save_pretrained(path)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
+    return path

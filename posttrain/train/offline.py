@@ -26,6 +26,7 @@ from posttrain.train.checkpoint import (
     load_weights_into,
     quiet_progress_bars,
     save_checkpoint,
+    save_final,
 )
 from posttrain.train.sampler import EpochSampler
 from posttrain.train.schedule import lr_multiplier
@@ -170,9 +171,7 @@ def train_offline(
             if history:
                 history[-1].update(final_eval)
         with quiet_progress_bars():
-            model.save_pretrained(out / "final")
-        if objective.tokenizer is not None:
-            objective.tokenizer.save_pretrained(out / "final")
+            save_final(model, out / "final", objective.tokenizer)
         write_report(out, title=f"posttrain {label}: {out.name}")
     finally:
         progress.close()

@@ -121,6 +121,9 @@ class SFTRun(LoopConfig):
     """Tokens generated per held-out prompt when evaluating a task's reward."""
     eval_batch_size: int = Field(256, ge=1)
     """Held-out prompts generated at once (lower it to bound the KV cache of a large model)."""
+    eval_size: int | None = Field(None, ge=0)
+    """Held-out rows evaluated before and after training (default: all of them; 0: no evaluation,
+    e.g. when the RL run that follows evaluates the same model)."""
 
 
 class RewardModelRun(LoopConfig):
@@ -223,6 +226,7 @@ def run_sft(config: SFTRun) -> list[dict[str, float]]:
     objective = SFTObjective(model, tokenizer)
     examples = [objective.encode(row) for row in train_rows]
     evaluate_fn = None
+    held_out = held_out if config.eval_size is None else held_out[: config.eval_size]
     if reward_name and held_out:
         reward = resolve_reward(reward_name).fn
 

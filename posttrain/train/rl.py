@@ -60,6 +60,7 @@ from posttrain.train.checkpoint import (
     load_weights_into,
     quiet_progress_bars,
     save_checkpoint,
+    save_final,
 )
 from posttrain.train.offline import TrainingDiverged
 from posttrain.train.recipes import build_model_and_tokenizer, load_rows
@@ -240,8 +241,7 @@ class OnlineRL:
                 if history:
                     history[-1].update(final)
             with quiet_progress_bars():
-                self.policy.save_pretrained(self.out / "final")
-            self.tokenizer.save_pretrained(self.out / "final")
+                save_final(self.policy, self.out / "final", self.tokenizer)
             write_report(self.out, title=f"posttrain rl: {self.out.name}")
         finally:
             progress.close()
