@@ -58,6 +58,10 @@ def load_gguf_causal_lm(path: str | Path, dtype: torch.dtype = torch.float32) ->
     for marker in ("gguf_file", "_name_or_path"):
         if hasattr(config, marker):
             setattr(config, marker, "")
+    # transformers records the GGUF origin as a quantization config; a folder that keeps it
+    # loads as "quantized with gguf" and then refuses save_pretrained (the next stage's final/)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
     tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()

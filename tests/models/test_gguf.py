@@ -57,6 +57,9 @@ def test_imported_folder_loads_in_plain_transformers_with_the_gguf_models_logits
     assert plain_tokenizer.apply_chat_template(messages, tokenize=False) == tokenizer.apply_chat_template(
         messages, tokenize=False
     )
+    # a plain folder, not a "gguf-quantized" one: what is loaded from it saves again (a run's final/)
+    assert "quantization_config" not in (out / "config.json").read_text()
+    plain.save_pretrained(tmp_path / "again")
 
 
 def test_posttrain_loads_a_gguf_path_as_a_trainable_model(tiny):
