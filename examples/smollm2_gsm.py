@@ -14,6 +14,9 @@ file; ``reasoning-gym``'s ``gsm_symbolic`` generates the word problems and check
    format, KL in the loss against the adapters-disabled model (the SFT model: no second copy).
    Its evaluations before and after give the accuracy after SFT and after RL.
 
+Stages that finished are recorded in ``runs/smollm2/stages.json`` and skipped when the script
+runs again (``--fresh`` redoes them), so a killed run continues with its next stage.
+
 Writes ``summary.json`` (greedy accuracy and format at the start, after SFT and after RL, sampled
 format reward over the last steps, time per stage and per RL step split into generate /
 reward / reference forward / update, peak RSS) and ``smollm2_gsm.png`` (format reward, accuracy,
@@ -41,6 +44,11 @@ from posttrain.telemetry.report import write_report
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 WINDOW = 3  # RL steps averaged at the end of the sampled curves
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident memory so far, GiB."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
 
 
 def import_base(base: Path) -> None:
@@ -148,30 +156,54 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sft", nargs="*", default=[], metavar="key=value", help="overrides of the SFT config")
     parser.add_argument("--rl", nargs="*", default=[], metavar="key=value", help="overrides of the RL config")
+    parser.add_argument("--fresh", action="store_true", help="redo every stage (default: skip finished ones)")
     args = parser.parse_args(argv)
     out = Path(args.output_dir)
+    # stages already finished (a killed or failed run continues after its last finished stage)
+    ledger = out / "stages.json"
+    done: dict[str, Any] = {} if args.fresh or not ledger.exists() else json.loads(ledger.read_text())
     times: dict[str, float] = {}
+
+    def finished(name: str, seconds: float, **extra: Any) -> None:
+        times[f"{name}_s"] = seconds
+        done[name] = {"s": round(seconds, 1), "peak_rss_gb": peak_rss_gb(), **extra}
+        out.mkdir(parents=True, exist_ok=True)
+        ledger.write_text(json.dumps(done, indent=2) + "\n")
+
     start = time.perf_counter()
     import_base(out / "base")
     times["import_s"] = time.perf_counter() - start
 
     rl_config = CONFIGS / "smollm2_gsm.yaml"
     data_overrides = [a for a in args.rl if a.startswith(("data.", "eval_", "max_new_tokens", "sampling."))]
-    start = time.perf_counter()
-    base = evaluate_base(out / "base", rl_config, args.seed, data_overrides)
-    times["eval_base_s"] = time.perf_counter() - start
+    if "eval_base" in done:
+        base = done["eval_base"]
+        times["eval_base_s"] = base["s"]
+    else:
+        start = time.perf_counter()
+        base = evaluate_base(out / "base", rl_config, args.seed, data_overrides)
+        finished("eval_base", time.perf_counter() - start, **base)
+    print(
+        f"[smollm2] as shipped: greedy accuracy {base['accuracy']:.3f}, format {base['format']:.3f} "
+        f"on {base['rows']} held-out problems ({times['eval_base_s']:.0f} s)",
+        flush=True,
+    )
 
-    start = time.perf_counter()
-    sft = ["sft", "--config", str(CONFIGS / "smollm2_gsm_sft.yaml"), f"model.path={out / 'base'}"]
-    if posttrain([*sft, f"output_dir={out / 'sft'}", f"seed={args.seed}", *args.sft]) != 0:
-        raise SystemExit("the SFT stage failed")
-    times["sft_s"] = time.perf_counter() - start
+    if "sft" in done and (out / "sft" / "final" / "config.json").exists():
+        times["sft_s"] = done["sft"]["s"]
+        print(f"[smollm2] SFT already finished: {out / 'sft' / 'final'}", flush=True)
+    else:
+        start = time.perf_counter()
+        sft = ["sft", "--config", str(CONFIGS / "smollm2_gsm_sft.yaml"), f"model.path={out / 'base'}"]
+        if posttrain([*sft, f"output_dir={out / 'sft'}", f"seed={args.seed}", *args.sft]) != 0:
+            raise SystemExit("the SFT stage failed")
+        finished("sft", time.perf_counter() - start)
 
     start = time.perf_counter()
     rl = ["rl", "--config", str(rl_config), f"model.path={out / 'sft' / 'final'}"]
     if posttrain([*rl, f"output_dir={out / 'grpo'}", f"seed={args.seed}", *args.rl]) != 0:
         raise SystemExit("the RL stage failed")
-    times["rl_s"] = time.perf_counter() - start
+    finished("rl", time.perf_counter() - start)
 
     summary = {
         "greedy_accuracy_base": base["accuracy"],
@@ -180,7 +212,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         **summarise(out / "grpo"),
         **{k: round(v, 1) for k, v in times.items()},
         "total_s": round(sum(times.values()), 1),
-        "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+        "peak_rss_gb": max(stage.get("peak_rss_gb", 0.0) for stage in done.values()),
     }
     (out / "grpo" / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     figure = plot(out / "grpo")
