@@ -78,10 +78,12 @@ def evaluate_base(base: Path, rl_config: Path, seed: int, overrides: list[str]) 
     model, tokenizer = load_causal_lm(str(base)).eval(), load_tokenizer(str(base))
     answer, form = resolve_reward("reasoning_gym").fn, resolve_reward("format").fn
     formats: list[float] = []
+    answers: list[float] = []
 
     def score(prompts: list[Any], completions: list[str], completion_ids: list[list[int]], **columns: Any):
         formats.extend(form(prompts, completions, completion_ids, **columns))
-        return answer(prompts, completions, completion_ids, **columns)
+        answers.extend(answer(prompts, completions, completion_ids, **columns))
+        return answers[-len(completions) :]
 
     with torch.inference_mode():
         result = evaluate(
@@ -94,7 +96,9 @@ def evaluate_base(base: Path, rl_config: Path, seed: int, overrides: list[str]) 
             stop=config.sampling.stop,
         )
     del model
-    return {"accuracy": result.accuracy, "format": mean(formats), "rows": len(held_out)}
+    # accuracy = right answers; the task's mean score also gives 0.01 to a wrong number
+    solved = mean(float(a >= 1.0) for a in answers)
+    return {"accuracy": solved, "score": result.accuracy, "format": mean(formats), "rows": len(held_out)}
 
 
 def summarise(rl_dir: Path, window: int = WINDOW) -> dict[str, Any]:
@@ -104,12 +108,12 @@ def summarise(rl_dir: Path, window: int = WINDOW) -> dict[str, Any]:
     evals = [r for r in records if "eval/format/mean" in r]
     steps = [r for r in records if "reward/format/mean" in r]
     summary: dict[str, Any] = {
-        "greedy_accuracy_after_sft": evals[0]["eval/reasoning_gym/mean"],
-        "greedy_accuracy_after_rl": evals[-1]["eval/reasoning_gym/mean"],
+        "greedy_accuracy_after_sft": evals[0]["eval/reasoning_gym/solved"],
+        "greedy_accuracy_after_rl": evals[-1]["eval/reasoning_gym/solved"],
         "greedy_format_after_sft": evals[0]["eval/format/mean"],
         "greedy_format_after_rl": evals[-1]["eval/format/mean"],
     }
-    for key, name in (("reward/format/mean", "sampled_format"), ("reward/reasoning_gym/mean", "sampled_accuracy")):
+    for key, name in (("reward/format/mean", "sampled_format"), ("reward/reasoning_gym/mean", "sampled_answer_score")):
         summary[name] = [mean(r[key] for r in steps[:window]), mean(r[key] for r in steps[-window:])]
     summary["response_length"] = [mean(r["response/length_mean"] for r in s) for s in (steps[:window], steps[-window:])]
     summary["rl_step_s"] = {
@@ -129,7 +133,7 @@ def plot(rl_dir: Path, name: str = "smollm2_gsm.png") -> Path:
     evals = [r for r in records if "eval/format/mean" in r]
     panels = [
         ("format reward", "reward/format/mean", "eval/format/mean"),
-        ("accuracy", "reward/reasoning_gym/mean", "eval/reasoning_gym/mean"),
+        ("answer: score (sampled), right (greedy)", "reward/reasoning_gym/mean", "eval/reasoning_gym/solved"),
         ("KL to the SFT model (per token)", "kl/ref", None),
         ("response length (tokens)", "response/length_mean", None),
     ]

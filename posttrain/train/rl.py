@@ -698,6 +698,9 @@ class OnlineRL:
             table = torch.cat(components)
             for index, name in enumerate(self.rewards.names):
                 metrics[f"eval/{name}/mean"] = float(table[:, index].nanmean())
+                # full marks: a task scorer's partial credit (reasoning-gym gives 0.01 for a
+                # wrong number) would otherwise read as accuracy in the mean
+                metrics[f"eval/{name}/solved"] = float((table[:, index] >= 1.0).float().mean())
         if len(self.rewards.names) == 1 and values and all(v in (0.0, 1.0) for v in values):
             metrics["eval/accuracy"] = result.accuracy
         self.last_eval = result

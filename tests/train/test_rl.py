@@ -203,6 +203,9 @@ def test_evaluation_reports_each_reward_including_weight_zero_monitors(tmp_path)
     assert metrics["eval/vowel_share/mean"] == pytest.approx(sum(shares) / len(shares))
     assert metrics["eval/has_dot/mean"] == pytest.approx(sum(dots) / len(dots))
     assert metrics["eval/reward"] == pytest.approx(metrics["eval/vowel_share/mean"])  # weight 0: not in the sum
+    # full marks, apart from partial credit: a share is solved only at 1.0, a 0/1 reward is its mean
+    assert metrics["eval/vowel_share/solved"] == pytest.approx(sum(v >= 1.0 for v in shares) / len(shares))
+    assert metrics["eval/has_dot/solved"] == pytest.approx(metrics["eval/has_dot/mean"])
 
 
 def never(prompts, completions, completion_ids, **columns):
