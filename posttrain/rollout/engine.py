@@ -9,7 +9,7 @@ so the native decoder and the transformers fallback give the same outputs.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -20,7 +20,10 @@ from posttrain.rollout.sampling import choose_tokens
 from posttrain.rollout.stops import StopStrings, stop_id_tensor
 from posttrain.rollout.types import Rollouts, SamplingParams
 
-ENGINE_KINDS = ("auto", "native", "transformers")
+if TYPE_CHECKING:
+    from posttrain.rollout.vllm_engine import VLLMEngine, VLLMOptions
+
+ENGINE_KINDS = ("auto", "native", "transformers", "vllm")
 
 
 class Decoder(Protocol):
@@ -192,11 +195,23 @@ class LocalEngine:
         )
 
 
-def build_engine(model: nn.Module, tokenizer: Any, kind: str = "auto", policy_version: int = 0) -> LocalEngine:
-    """A local engine: ``native`` for Llama/Qwen2 weights, ``transformers`` for any causal LM,
-    ``auto`` picks native when the model is supported."""
+def build_engine(
+    model: nn.Module,
+    tokenizer: Any,
+    kind: str = "auto",
+    policy_version: int = 0,
+    vllm_options: VLLMOptions | None = None,
+) -> LocalEngine | VLLMEngine:
+    """A rollout engine for ``model``: ``native`` for Llama/Qwen2 weights, ``transformers`` for any
+    causal LM, ``auto`` picks native when the model is supported (all three a :class:`LocalEngine`);
+    ``vllm`` a :class:`~posttrain.rollout.vllm_engine.VLLMEngine` started with ``vllm_options``
+    (imported only then: vLLM is an optional extra)."""
     if kind not in ENGINE_KINDS:
         raise ValueError(f"unknown rollout engine {kind!r}; valid: {', '.join(ENGINE_KINDS)}")
+    if kind == "vllm":
+        from posttrain.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model, tokenizer, vllm_options, policy_version)
     reason = unsupported_reason(model)
     if kind == "native" and reason is not None:
         raise ValueError(f"rollout engine 'native' cannot run this model: {reason}; use 'transformers' or 'auto'")

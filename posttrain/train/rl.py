@@ -14,9 +14,10 @@ config (``posttrain.train.rl_config``), never a subclass:
                  (+ β·agg(kl) in the loss, − c_ent·agg(H)), clipped AdamW steps
 
 The policy is shared with the rollout engine by reference (colocated, no weight copy); the
-engine is told the new version after each step. Rollout, reward and update only exchange
-tensors and lists (:class:`~posttrain.train.rl_batch.RolloutBatch`), so each can move to
-another process later.
+engine is told the new version after each step (vLLM, which keeps its own copy, is handed the
+new weights then, and its log-probs are compared with the trainer's: rollout/mismatch_kl).
+Rollout, reward and update only exchange tensors and lists
+(:class:`~posttrain.train.rl_batch.RolloutBatch`), so each can move to another process later.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from posttrain.algos import (
     shape_token_rewards,
     value_loss,
 )
+from posttrain.algos.mismatch import rollout_mismatch, truncated_is_weights
 from posttrain.algos.sampling import dapo_group_filter
 from posttrain.config import dump_config
 from posttrain.models.logprobs import response_logprobs, shared_prompt_logprobs
@@ -131,7 +133,7 @@ class OnlineRL:
         # models around the policy
         self.reference = self._build_reference() if self.algo.kl.needs_reference else None
         self.critic = self._build_critic() if self.algo.critic is not None else None
-        self.engine = build_engine(self.policy, tokenizer, kind=config.engine)
+        self.engine = build_engine(self.policy, tokenizer, kind=config.engine_kind, vllm_options=config.rollout.vllm)
 
         # optimisation state
         params = [p for p in self.policy.parameters() if p.requires_grad]
@@ -205,8 +207,16 @@ class OnlineRL:
     @property
     def recompute_old_logprobs(self) -> bool:
         """Only with more than one optimizer step per batch do π_old and π differ; on-policy
-        the ratio is exactly 1 and π_old is π detached (TRL does the same)."""
-        return self.config.ppo_epochs > 1 or self.minibatch_size < self.config.rollout_batch_size
+        the ratio is exactly 1 and π_old is π detached (TRL does the same). An engine that is
+        not the trainer's own forward (vLLM), or a TIS correction, needs the trainer's π_old of
+        every sample too: to compare with the engine's log-probs (rollout/mismatch_kl)."""
+        config = self.config
+        return (
+            config.ppo_epochs > 1
+            or self.minibatch_size < config.rollout_batch_size
+            or config.engine_kind == "vllm"
+            or config.rollout.tis_cap is not None
+        )
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> list[dict[str, float]]:
@@ -268,15 +278,17 @@ class OnlineRL:
         t2 = time.perf_counter()
         metrics.update(self.update(batch, step))
         t3 = time.perf_counter()
-        self.engine.update_weights(step)
+        self.engine.update_weights(step)  # vLLM: copies the new weights in; raises if it cannot
+        t4 = time.perf_counter()
         self.step_count = step
         generated = float(batch.response_mask.sum())
         metrics.update(
             {
                 "time/prepare_s": t2 - t1,
                 "time/train_s": t3 - t2,
-                "time/step_s": t3 - t0,
-                "throughput/tokens_per_s": generated / max(t3 - t0, 1e-9),
+                "time/weight_sync_s": t4 - t3,
+                "time/step_s": t4 - t0,
+                "throughput/tokens_per_s": generated / max(t4 - t0, 1e-9),
                 "lr": self.scheduler.get_last_lr()[0],
             }
         )
@@ -397,6 +409,12 @@ class OnlineRL:
         batch.loss_mask = loss_mask
         if self.recompute_old_logprobs:
             batch.old_logprobs = self._logprobs(self.policy, batch)
+            # the engine's log-probs are their own stream; how far they are from the trainer's
+            metrics.update(
+                rollout_mismatch(
+                    batch.old_logprobs, batch.engine_logprobs, batch.response_mask, self.config.rollout.tis_cap
+                )
+            )
         if algo.kl.needs_reference:
             batch.ref_logprobs = self._reference_logprobs(batch)
         if self.critic is not None:
@@ -573,6 +591,9 @@ class OnlineRL:
             share = float(micro.loss_mask.sum()) / trained_tokens
             logprobs, entropy = self.sequence_logprobs(self.policy, micro, with_entropy=True)
             old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
+            options = dict(algo.loss_options)
+            if config.rollout.tis_cap is not None:  # π_old/π_rollout: the engine sampled, not π_old
+                options["weights"] = truncated_is_weights(old, micro.engine_logprobs, config.rollout.tis_cap)
             policy_loss, loss_metrics = loss_fn(
                 logprobs=logprobs,
                 old_logprobs=old,
@@ -580,7 +601,7 @@ class OnlineRL:
                 response_mask=micro.loss_mask,
                 agg_mode=algo.agg_mode,
                 **aggregation,
-                **algo.loss_options,
+                **options,
             )
             kl = None
             if micro.ref_logprobs is not None and algo.kl.placement == "loss":

@@ -32,6 +32,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from posttrain.config import ConfigError, Section, deep_merge, parse_overrides, read_yaml, validate_config
+from posttrain.rollout.vllm_engine import VLLMOptions
 from posttrain.train.recipes import DataSection, ModelSection
 
 PRESET_PACKAGE = "posttrain.presets"
@@ -151,6 +152,22 @@ class SamplingSection(Section):
     giving way to runs of dots), so stopping where the answer ends keeps RL on what is graded."""
 
 
+class RolloutSection(Section):
+    """Which engine samples the completions, and how its log-probs are reconciled with the trainer's."""
+
+    engine: Literal["auto", "native", "transformers", "vllm"] = "auto"
+    """native: posttrain's KV-cache decoder for Llama/Qwen2 (the fastest on a CPU for small
+    models); transformers: any causal LM; auto: native when it can; vllm: vLLM in this process,
+    fed the new weights after every step (needs vLLM: pip install 'posttrain[vllm]', or the CPU
+    recipe scripts/install_vllm_cpu.sh)."""
+    vllm: VLLMOptions = Field(default_factory=VLLMOptions)
+    """How vLLM is started (engine vllm only): dtype, memory, eager mode, max length, seed."""
+    tis_cap: float | None = Field(None, gt=0)
+    """Truncated importance sampling: multiply each token's policy loss by min(π_old/π_rollout,
+    C) with C this cap (e.g. 2), correcting for the engine's log-probs differing from the
+    trainer's (Yao et al. 2025); null: off. Only for policy losses ppo_clip and pg."""
+
+
 class RLRun(Section):
     """Everything ``posttrain rl`` reads."""
 
@@ -205,8 +222,10 @@ class RLRun(Section):
     """Training forward passes encode each prompt once per group instead of once per sample
     (same values up to float rounding, about a third of the work with 8 samples per prompt);
     needs a model that takes a transformers DynamicCache (any standard causal LM)."""
-    engine: Literal["auto", "native", "transformers"] = "auto"
-    """Rollout engine: native (fast KV-cache decoder for Llama/Qwen2), transformers, or auto."""
+    rollout: RolloutSection = Field(default_factory=RolloutSection)
+    """The rollout engine and the engine/trainer log-prob reconciliation."""
+    engine: Literal["auto", "native", "transformers", "vllm"] | None = None
+    """Shortcut for rollout.engine."""
     preflight: bool = True
     """Before the first update, run the rewards on one sampled batch and stop if a function
     raises, returns None/NaN for every sample, or gives every sample the same value."""
@@ -251,6 +270,10 @@ class RLRun(Section):
     @property
     def temperature_value(self) -> float:
         return self.temperature if self.temperature is not None else self.sampling.temperature
+
+    @property
+    def engine_kind(self) -> str:
+        return self.engine if self.engine is not None else self.rollout.engine
 
 
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "gpg", "gdpo")
@@ -323,6 +346,13 @@ def combination_problems(config: RLRun) -> list[str]:
     if config.micro_batch_size is not None and config.micro_batch_size > (config.minibatch_size or batch):
         problems.append(
             f"micro_batch_size ({config.micro_batch_size}) exceeds the minibatch ({config.minibatch_size or batch})"
+        )
+    if config.engine is not None and config.engine != config.rollout.engine != "auto":
+        problems.append(f"engine = {config.engine!r} and rollout.engine = {config.rollout.engine!r} disagree: set one")
+    if config.rollout.tis_cap is not None and algo.policy_loss not in ("ppo_clip", "pg"):
+        problems.append(
+            f"rollout.tis_cap weights each token's loss, which algorithm.policy_loss = {algo.policy_loss!r} "
+            "does not take: use ppo_clip or pg, or set rollout.tis_cap to null"
         )
     if config.model.lora is not None and algo.critic is not None:
         problems.append("model.lora with algorithm.critic is not supported yet: train the critic in full")
