@@ -70,12 +70,26 @@ def collate(examples: Sequence[Example], pad_token_id: int) -> dict[str, Tensor]
     return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
 
 
+def completion_logprobs(model: PreTrainedModel, batch: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """(log-probs, mask) of the target tokens from the batch's first completion token on.
+
+    Position t predicts token t + 1, so the mask is read on the shifted targets. Logits are
+    computed only from the position before the earliest completion token (``logits_to_keep``):
+    prompt positions are never targets, and for long prompts over a large vocabulary their
+    ``[B, T, V]`` logits would be most of the step's memory and a good part of its arithmetic.
+    """
+    input_ids, loss_mask = batch["input_ids"], batch["loss_mask"]
+    targets = loss_mask[:, 1:].any(0).nonzero()
+    first = int(targets[0]) + 1 if len(targets) else input_ids.shape[1] - 1  # earliest target position
+    keep = input_ids.shape[1] - first + 1
+    logits = model(input_ids=input_ids, attention_mask=batch["attention_mask"], logits_to_keep=keep).logits
+    return token_logprobs(logits[:, :-1], input_ids[:, first:]), loss_mask[:, first:]
+
+
 def sft_batch_loss(model: PreTrainedModel, batch: Mapping[str, Tensor]) -> Tensor:
     """Token-mean negative log-likelihood of the masked tokens of a collated batch."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    # Position t predicts token t + 1, so the mask is read on the shifted targets.
-    logprobs = token_logprobs(logits[:, :-1], batch["input_ids"][:, 1:])
-    return sft_loss(logprobs, batch["loss_mask"][:, 1:], agg_mode="token-mean")
+    logprobs, mask = completion_logprobs(model, batch)
+    return sft_loss(logprobs, mask, agg_mode="token-mean")
 
 
 class SFTObjective:
@@ -114,9 +128,7 @@ class SFTObjective:
     def loss(self, examples: Sequence[Example], step_units: float) -> tuple[Tensor, dict[str, float]]:
         device = next(self.model.parameters()).device
         batch = {k: v.to(device) for k, v in collate(examples, self.tokenizer.pad_token_id).items()}
-        logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        logprobs = token_logprobs(logits[:, :-1], batch["input_ids"][:, 1:])
-        mask = batch["loss_mask"][:, 1:]
+        logprobs, mask = completion_logprobs(self.model, batch)
         return sft_loss(logprobs, mask, agg_mode="token-mean", num_tokens=step_units), {}
 
 
