@@ -207,16 +207,8 @@ class OnlineRL:
     @property
     def recompute_old_logprobs(self) -> bool:
         """Only with more than one optimizer step per batch do π_old and π differ; on-policy
-        the ratio is exactly 1 and π_old is π detached (TRL does the same). An engine that is
-        not the trainer's own forward (vLLM), or a TIS correction, needs the trainer's π_old of
-        every sample too: to compare with the engine's log-probs (rollout/mismatch_kl)."""
-        config = self.config
-        return (
-            config.ppo_epochs > 1
-            or self.minibatch_size < config.rollout_batch_size
-            or config.engine_kind == "vllm"
-            or config.rollout.tis_cap is not None
-        )
+        the ratio is exactly 1 and π_old is π detached (TRL does the same)."""
+        return self.config.ppo_epochs > 1 or self.minibatch_size < self.config.rollout_batch_size
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> list[dict[str, float]]:
@@ -409,7 +401,8 @@ class OnlineRL:
         batch.loss_mask = loss_mask
         if self.recompute_old_logprobs:
             batch.old_logprobs = self._logprobs(self.policy, batch)
-            # the engine's log-probs are their own stream; how far they are from the trainer's
+            # the engine's log-probs are their own stream: how far from the trainer's π_old (on-policy
+            # runs measure it in the update's own forward instead, over the samples it trains on)
             metrics.update(
                 rollout_mismatch(
                     batch.old_logprobs, batch.engine_logprobs, batch.response_mask, self.config.rollout.tis_cap
@@ -559,9 +552,9 @@ class OnlineRL:
                 members = torch.isin(batch.group_ids, order[start : start + groups_per_minibatch])
                 minibatch = batch.select(torch.nonzero(members).flatten())
                 for key, value in self._minibatch_update(minibatch, step).items():
-                    sums[key] = sums.get(key, 0.0) + value
+                    sums[key] = max(sums.get(key, value), value) if key.endswith("_max") else sums.get(key, 0.0) + value
                 updates += 1
-        metrics = {key: value / max(updates, 1) for key, value in sums.items()}
+        metrics = {key: value if key.endswith("_max") else value / max(updates, 1) for key, value in sums.items()}
         metrics["train/updates"] = float(updates)
         return metrics
 
@@ -638,9 +631,16 @@ class OnlineRL:
                 micro_metrics["policy/engine_logprob_gap"] = float(
                     masked_mean((old - micro.engine_logprobs).abs(), micro.response_mask)
                 )
+                if micro.old_logprobs is None:  # on-policy: this forward is π_old, no extra pass needed
+                    micro_metrics.update(
+                        rollout_mismatch(old, micro.engine_logprobs, micro.response_mask, config.rollout.tis_cap)
+                    )
             if self.critic is not None:
                 micro_metrics.update(self._critic_loss(micro, share))
             for key, value in micro_metrics.items():
+                if key.endswith("_max"):  # a maximum over micro-batches, not a mean
+                    sums[key] = max(sums.get(key, value), value)
+                    continue
                 # sums-of-means in proportion to each micro-batch's tokens: the minibatch mean
                 weight = 1.0 if key in ("loss/total", "loss/policy", "loss/kl") else share
                 sums[key] = sums.get(key, 0.0) + value * weight

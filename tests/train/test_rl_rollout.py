@@ -35,8 +35,10 @@ def test_bad_rollout_settings_are_refused_naming_the_fields(overrides, names):
         assert name in str(error.value)
 
 
-def test_tis_with_the_native_engine_measures_no_mismatch_and_weights_of_one(tmp_path):
-    run = make_run(tmp_path, ["steps=2", "rollout.tis_cap=2"])
+@pytest.mark.parametrize("updates", [[], ["ppo_epochs=2"]], ids=["on-policy", "two-epochs"])
+def test_tis_with_the_native_engine_measures_no_mismatch_and_weights_of_one(tmp_path, updates):
+    # on-policy the update's own forward is compared; with two epochs, the recomputed π_old
+    run = make_run(tmp_path, ["steps=2", "rollout.tis_cap=2", *updates])
     history = run.run()
     for metrics in history:
         # the native engine computes the trainer's own forward: the two streams agree
