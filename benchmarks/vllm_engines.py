@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import tempfile
 from collections.abc import Callable
@@ -85,14 +86,14 @@ def generation(model, tokenizer, args) -> tuple[dict[str, float], float | None]:
     return seconds, sync
 
 
-def grpo_split(folder: Path, engine: str, args) -> dict[str, float]:
+def grpo_split(folder: Path, scratch: Path, engine: str, args) -> dict[str, float]:
     """Median seconds of each part of a GRPO step (steps 2.., step 1 warms up) with ``engine``."""
     overrides = [
         f"model.path={folder}", "data.task=reverse", "data.n_train=256", "data.n_eval=9", "eval_size=0",
         f"prompts_per_step={args.prompts}", f"samples_per_prompt={args.samples}",
         f"max_new_tokens={args.new_tokens}", "learning_rate=1e-5", "preflight=false", "reward_workers=0",
         f"rollout.engine={engine}", f"rollout.vllm.enforce_eager={not args.compiled}",
-        f"threads={args.threads}", f"output_dir={folder.parent / ('grpo-' + engine)}",
+        f"threads={args.threads}", f"output_dir={scratch / ('grpo-' + engine)}",
     ]  # fmt: skip
     run = OnlineRL(load_rl_config(None, overrides), reward_functions=[vowel_share], echo=lambda line: None)
     steps = [run.step(step)[0] for step in range(1, args.grpo_steps + 1)]
@@ -131,7 +132,8 @@ def main() -> None:
     model.eval()
     seconds, sync = generation(model, tokenizer, args)
     del model
-    splits = {engine: grpo_split(folder, engine, args) for engine in args.grpo_engines.split(",") if engine}
+    splits = {engine: grpo_split(folder, scratch, engine, args) for engine in args.grpo_engines.split(",") if engine}
+    shutil.rmtree(scratch, ignore_errors=True)
 
     tokens = args.prompts * args.samples * args.new_tokens
     base = seconds.get("generate")
