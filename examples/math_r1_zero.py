@@ -32,7 +32,7 @@ from typing import Any
 
 from posttrain.cli import main as posttrain
 from posttrain.telemetry.metrics import read_jsonl
-from posttrain.telemetry.report import write_report
+from posttrain.telemetry.report import rl_panels_plot, write_report
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # A smaller model, SFT and RL, for the test (about a minute): the direction of the effect only.
@@ -77,31 +77,12 @@ def summarise(rl_dir: Path, window: int = WINDOW) -> dict[str, Any]:
 def plot(rl_dir: Path, name: str = "math_r1_zero.png") -> Path:
     """Format reward, accuracy and response length over RL steps: sampled (each step's batch)
     and greedy on held-out prompts (the evaluations)."""
-    import matplotlib.pyplot as plt
-
-    records = read_jsonl(rl_dir / "metrics.jsonl")
-    steps = [r for r in records if "reward/format/mean" in r]
-    evals = [r for r in records if "eval/format/mean" in r]
     panels = [
         ("format reward", "reward/format/mean", "eval/format/mean"),
         ("accuracy", "reward/math/mean", "eval/math/mean"),
         ("response length (tokens)", "response/length_mean", None),
     ]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
-    for ax, (title, sampled, greedy) in zip(axes, panels, strict=True):
-        ax.plot([r["step"] for r in steps], [r[sampled] for r in steps], linewidth=1, label="sampled (batch)")
-        if greedy:
-            ax.plot([r["step"] for r in evals], [r[greedy] for r in evals], marker="o", label="greedy (held out)")
-            ax.set_ylim(-0.02, 1.02)
-            ax.legend(fontsize=8)
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("RL step", fontsize=9)
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = rl_dir / name
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return rl_panels_plot(rl_dir, panels, rl_dir / name)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

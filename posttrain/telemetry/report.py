@@ -80,6 +80,32 @@ def comparison_plot(
     return path
 
 
+def rl_panels_plot(
+    rl_dir: Path, panels: list[tuple[str, str, str | None]], path: Path, *, greedy_label: str = "greedy (held out)"
+) -> Path:
+    """One panel per ``(title, sampled key, greedy key or None)`` over an RL run's steps: each
+    step's batch metric as a line, the held-out evaluations (``greedy key``) as points on a
+    0–1 axis. Steps without the sampled key plot as gaps."""
+    records = read_jsonl(Path(rl_dir) / "metrics.jsonl")
+    steps = [r for r in records if panels[0][1] in r]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.1 * len(panels), 3.4))
+    for ax, (title, sampled, greedy) in zip(axes, panels, strict=True):
+        values = [r.get(sampled, math.nan) for r in steps]
+        ax.plot([r["step"] for r in steps], values, linewidth=1, label="sampled (batch)")
+        if greedy:
+            evals = [r for r in records if greedy in r]
+            ax.plot([r["step"] for r in evals], [r[greedy] for r in evals], marker="o", label=greedy_label)
+            ax.set_ylim(-0.02, 1.02)
+            ax.legend(fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("RL step", fontsize=9)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
 def write_report(
     run_dir: str | Path,
     *,
