@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from posttrain.rollout.hf import TransformersDecoder
 from posttrain.rollout.native import NativeDecoder, unsupported_reason
-from posttrain.rollout.sampling import choose_tokens
+from posttrain.rollout.sampling import SamplingWorkspace, choose_tokens
 from posttrain.rollout.stops import StopStrings, stop_id_tensor
 from posttrain.rollout.types import Rollouts, SamplingParams
 
@@ -39,7 +39,8 @@ class Decoder(Protocol):
         ...
 
     def decode(self, tokens: Tensor) -> Tensor:
-        """Append one token per running row ``[B]``; return next-token logits ``[B, V]``."""
+        """Append one token per running row ``[B]``; return next-token logits ``[B, V]``
+        (which may live in a buffer the next ``decode`` call overwrites)."""
         ...
 
     def select(self, rows: Tensor) -> None:
@@ -113,6 +114,7 @@ class LocalEngine:
         rows = torch.arange(batch, device=device)  # the output row of each running row
         alive = torch.ones(batch, dtype=torch.bool, device=device)
         trace: tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor | None]] = ([], [], [], [])
+        workspace = SamplingWorkspace()
 
         logits = self.decoder.prefill(
             prompt_ids.to(device), prompt_mask.to(device), sampling.max_new_tokens, repeats=sampling.n
@@ -127,6 +129,7 @@ class LocalEngine:
                 greedy=sampling.greedy,
                 banned_token=banned,
                 generator=generator,
+                workspace=workspace,
             )
             hit = None
             if stop_ids is not None or strings is not None:

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 SUPPORTED_TYPES = ("llama", "qwen2")
+WEIGHT_MAJOR_FROM = 512  # hidden size from which decode multiplies weight-major (see linear)
 
 
 # the only places a peft module may sit: the attention and MLP projections of a decoder layer
@@ -187,16 +188,31 @@ def _effective_weight(projection: nn.Module, out: Tensor | None = None, heads: i
     return out
 
 
+def linear(x: Tensor, weight: Tensor, weight_major: bool = False, residual: Tensor | None = None) -> Tensor:
+    """``x [N, in] @ weightᵀ`` (``weight [out, in]``), plus ``residual [N, out]`` when given.
+
+    Weight-major computes ``(weight @ xᵀ)ᵀ`` and returns that transposed view: the same dot
+    products, but the large operand is streamed as it is stored while the small one is
+    repacked by the BLAS, which for a few dozen rows against weights that do not fit in cache
+    is ~10–25% faster (SmolLM2-135M's projections, 64 rows, MKL on 2 cores). For a small
+    model whose weights stay in cache it only adds transposes.
+    """
+    if not weight_major:
+        return F.linear(x, weight) if residual is None else torch.addmm(residual, x, weight.t())
+    out = torch.mm(weight, x.t()).t()
+    return out if residual is None else residual + out
+
+
 class FusedLayer(NamedTuple):
     """One decoder layer's weights, arranged for the forward below."""
 
     in_norm: Tensor  # [H]
     qkv: Tensor  # [(heads + 2·kv_heads)·D, H]; q and k rows pair-interleaved per head
     qkv_bias: Tensor | None  # [(heads + 2·kv_heads)·D] (Qwen2) or None
-    o_t: Tensor  # [heads·D, H], a transposed view of o_proj.weight, for addmm
+    o: Tensor  # [H, heads·D], o_proj's weight
     post_norm: Tensor  # [H]
     gate_up: Tensor  # [2·I, H]
-    down_t: Tensor  # [I, H], a transposed view of down_proj.weight
+    down: Tensor  # [H, I], down_proj's weight
 
 
 def _interleave_pairs(weight: Tensor, heads: int) -> Tensor:
@@ -211,7 +227,12 @@ def _interleave_pairs(weight: Tensor, heads: int) -> Tensor:
 
 
 class NativeDecoder:
-    """Prefill and decode for one batch at a time; ``prefill`` starts a new batch."""
+    """Prefill and decode for one batch at a time; ``prefill`` starts a new batch.
+
+    ``decode`` returns its logits in a buffer that the next ``decode`` overwrites.
+    """
+
+    LOGIT_CHUNK = 4096  # vocabulary rows per product of the output layer in decode
 
     def __init__(self, model: nn.Module) -> None:
         reason = unsupported_reason(model)
@@ -227,6 +248,9 @@ class NativeDecoder:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = config.rms_norm_eps
         self.scale = self.head_dim**-0.5
+        # weight-major decoding pays where weights stream from memory, not for a model that
+        # sits in cache (tiny 128-wide models: 0.78 → 0.95 ms a step; SmolLM2's 576: ~9% faster)
+        self.weight_major = self.hidden >= WEIGHT_MAJOR_FROM
         self._angles = torch.empty(0, self.head_dim // 2)
         self._lora_layers: list[nn.Module] = []
         self._sources: tuple[list[tuple[Tensor, int, int]], list[tuple]] = ([], [])
@@ -259,10 +283,10 @@ class NativeDecoder:
             in_norm=layer.input_layernorm.weight,
             qkv=qkv,
             qkv_bias=bias,
-            o_t=_effective_weight(attn.o_proj).t(),
+            o=_effective_weight(attn.o_proj),
             post_norm=layer.post_attention_layernorm.weight,
             gate_up=self._stack([mlp.gate_proj, mlp.up_proj], [None, None]),
-            down_t=_effective_weight(mlp.down_proj).t(),
+            down=_effective_weight(mlp.down_proj),
         )
 
     @staticmethod
@@ -315,14 +339,16 @@ class NativeDecoder:
         """Rotate pair-interleaved ``qk [..., heads, D]`` by ``rotations [..., 1, D/2]`` (complex)."""
         if qk.dtype != torch.float32:  # no complex type below float32: rotate in float32
             return self._rope(qk.float(), rotations).to(qk.dtype)
+        if qk.stride(-1) != 1:  # a weight-major projection's output (see linear)
+            qk = qk.contiguous()
         pairs = torch.view_as_complex(qk.unflatten(-1, (-1, 2)))
         return torch.view_as_real(pairs * rotations).flatten(-2)
 
-    def _mlp(self, hidden: Tensor, w: FusedLayer) -> Tensor:
+    def _mlp(self, hidden: Tensor, w: FusedLayer, weight_major: bool = False) -> Tensor:
         """``hidden + down(silu(gate(x)) · up(x))`` with ``x = RMSNorm(hidden)``, for ``[N, H]``."""
         x = F.rms_norm(hidden, (self.hidden,), w.post_norm, self.eps)
-        gate, up = F.linear(x, w.gate_up).chunk(2, dim=-1)
-        return torch.addmm(hidden, F.silu(gate) * up, w.down_t)
+        gate, up = linear(x, w.gate_up, weight_major).chunk(2, dim=-1)
+        return linear(F.silu(gate).mul_(up), w.down, weight_major, residual=hidden)
 
     # ---- prefill ---------------------------------------------------------------------------
     @torch.inference_mode()
@@ -356,6 +382,10 @@ class NativeDecoder:
         bias = torch.full(allowed.shape, minimum, dtype=dtype, device=valid.device).masked_fill_(allowed, 0.0)
         hidden = self._prefill_layers(self.embed[input_ids], self._rotations(positions).unsqueeze(2), bias, repeats)
         logits = F.linear(F.rms_norm(hidden, (self.hidden,), self.final_norm, self.eps), self.lm_head)
+        vocab = self.lm_head.shape[0]
+        # decode's logits go to the same memory every step (see SamplingWorkspace for why)
+        self.logits = torch.empty(batch, vocab, dtype=logits.dtype, device=logits.device)
+        self.logits_t = torch.empty(min(vocab, self.LOGIT_CHUNK) * batch, dtype=logits.dtype, device=logits.device)
         return logits.repeat_interleave(repeats, 0)
 
     def _prefill_layers(self, hidden: Tensor, rotations: Tensor, bias: Tensor, repeats: int) -> Tensor:
@@ -381,7 +411,7 @@ class NativeDecoder:
                 q, bias, hidden = q[:, :, -1:], bias[:, :, -1:], hidden[:, -1:]
             attn = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=kv != h)  # [U, h, P|1, d]
             attn = attn.transpose(1, 2).flatten(2)
-            hidden = torch.addmm(hidden.flatten(0, 1), attn.flatten(0, 1), w.o_t)
+            hidden = linear(attn.flatten(0, 1), w.o, residual=hidden.flatten(0, 1))
             hidden = self._mlp(hidden, w).unflatten(0, (prompts, -1))
         return hidden[:, -1]
 
@@ -397,19 +427,40 @@ class NativeDecoder:
         # (row, kv head), written out with baddbmm/bmm (cheaper here than SDPA's kernel)
         bias = self.decode_bias[..., :end].expand(batch, kv, h // kv, end).reshape(batch * kv, h // kv, end)
         hidden = F.embedding(tokens, self.embed)  # [B, H]
+        major = self.weight_major
         for w, keys, values in zip(self.layers, self.layer_keys, self.layer_values, strict=True):
             x = F.rms_norm(hidden, (self.hidden,), w.in_norm, self.eps)
-            qkv = F.linear(x, w.qkv, w.qkv_bias)  # [B, (h + 2kv)·d]
-            qk = self._rope(qkv[:, : (h + kv) * d].view(batch, h + kv, d), rotations)
+            qkv = linear(x, w.qkv, major)  # [B, (h + 2kv)·d]
+            if w.qkv_bias is not None:
+                qkv += w.qkv_bias
+            qk = self._rope(qkv[:, : (h + kv) * d].unflatten(-1, (h + kv, d)), rotations)
             keys.select(2, position).copy_(qk[:, h:])
-            values.select(2, position).copy_(qkv[:, (h + kv) * d :].view(batch, kv, d))
+            values.select(2, position).copy_(qkv[:, (h + kv) * d :].unflatten(-1, (kv, d)))
             queries = qk[:, :h].reshape(batch * kv, h // kv, d)
             scores = torch.baddbmm(bias, queries, keys[:, :, :end].flatten(0, 1).transpose(1, 2), alpha=self.scale)
             attn = torch.bmm(torch.softmax(scores, dim=-1), values[:, :, :end].flatten(0, 1))  # [B·kv, group, d]
-            hidden = torch.addmm(hidden, attn.view(batch, h * d), w.o_t)
-            hidden = self._mlp(hidden, w)
+            hidden = linear(attn.view(batch, h * d), w.o, major, residual=hidden)
+            hidden = self._mlp(hidden, w, major)
         self.length, self.step = end, self.step + 1
-        return F.linear(F.rms_norm(hidden, (self.hidden,), self.final_norm, self.eps), self.lm_head)
+        return self._output_logits(F.rms_norm(hidden, (self.hidden,), self.final_norm, self.eps))
+
+    def _output_logits(self, x: Tensor) -> Tensor:
+        """``x [B, H] @ lm_headᵀ`` into the reused buffer ``self.logits[:B]``.
+
+        The output layer is the largest product of a decoding step (49k × 576 for SmolLM2).
+        Weight-major (``lm_head @ xᵀ``) it runs ~25% faster than ``x @ lm_headᵀ`` there; each
+        slice of vocabulary rows is transposed into the ``[B, V]`` logits while still in cache.
+        """
+        batch, vocab = x.shape[0], self.lm_head.shape[0]
+        logits = self.logits[:batch]
+        if not self.weight_major:
+            return torch.mm(x, self.lm_head.t(), out=logits)
+        x_t = x.t()
+        for start in range(0, vocab, self.LOGIT_CHUNK):
+            end = min(start + self.LOGIT_CHUNK, vocab)
+            part = torch.mm(self.lm_head[start:end], x_t, out=self.logits_t[: (end - start) * batch].view(-1, batch))
+            logits[:, start:end].copy_(part.t())
+        return logits
 
     @torch.inference_mode()
     def select(self, rows: Tensor) -> None:

@@ -45,20 +45,78 @@ def min_p_filter(logits: Tensor, min_p: float) -> Tensor:
     return logits.masked_fill(log_probs < threshold, NEG_INF)
 
 
+# Tokens per block of the two-level inverse CDF below: ~√V blocks and cumsums of this length.
+CDF_BLOCK = 1024
+
+
+class SamplingWorkspace:
+    """Buffers reused from one decoding step to the next.
+
+    A step's sampling makes a few ``[B, V]`` tensors (12.6 MB each for 64 rows of a 49k
+    vocabulary). Allocated afresh every step, each costs its page faults again: glibc serves
+    blocks this large by ``mmap`` and returns them on free, and with the decoder's own
+    allocations in between its heap rarely keeps them. Measured on SmolLM2-135M (64 rows, 2
+    cores) sampling took 20 ms a step that way and 5 ms with its memory kept. A buffer here is
+    sized for the first call and reused for anything that fits.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, Tensor] = {}
+
+    def take(self, name: str, like: Tensor) -> Tensor:
+        """A tensor shaped and typed like ``like``, whose contents are garbage."""
+        buffer = self._buffers.get(name)
+        numel = like.numel()
+        if buffer is None or buffer.numel() < numel or buffer.dtype != like.dtype or buffer.device != like.device:
+            buffer = self._buffers[name] = torch.empty(numel, dtype=like.dtype, device=like.device)
+        return buffer[:numel].view(like.shape)
+
+
+def sample_from_weights(weights: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """One draw per row of ``weights [B, V]`` (non-negative, not necessarily normalised) with
+    probability weight / row total; returns ``[B]`` long.
+
+    Inverse CDF with one uniform number per row: drawing B uniforms instead of B·V
+    (Gumbel-max, ``multinomial``) is most of the cost of a step's sampling on a CPU. In two
+    levels, so the whole row is never cumulated: block totals pick the block of
+    :data:`CDF_BLOCK` tokens where u falls, a cumsum inside that block the token. Cumulative
+    sums are in float64 so that a 150k-token vocabulary keeps its small probabilities. Tokens of weight 0
+    are never drawn: each search returns the first entry whose cumulative sum exceeds u, and
+    u stays below the total it is searched in (scaled by 1 − 2⁻⁵⁰; the last token loses ~1e-15
+    of probability).
+    """
+    rows, vocab = weights.shape
+    if vocab <= CDF_BLOCK:  # one block: the row's own cumsum
+        cdf = weights.cumsum(-1, dtype=torch.float64)
+        u = torch.rand((rows, 1), generator=generator, dtype=torch.float64, device=weights.device)
+        u = u.mul_(cdf[:, -1:] * (1 - 2**-50))
+        return torch.searchsorted(cdf, u, right=True).clamp_(max=vocab - 1).squeeze(-1)
+    full = vocab // CDF_BLOCK * CDF_BLOCK
+    # block totals summed in the weights' dtype (a float64 copy of all [B, V] would cost more
+    # than the rest of the step's sampling), accumulated across blocks in float64
+    block_totals = weights[:, :full].unflatten(1, (-1, CDF_BLOCK)).sum(-1)  # [B, nb]
+    if full < vocab:
+        block_totals = torch.cat([block_totals, weights[:, full:].sum(-1, keepdim=True)], 1)
+    block_cdf = block_totals.cumsum(-1, dtype=torch.float64)
+    u = torch.rand((rows, 1), generator=generator, dtype=torch.float64, device=weights.device)
+    u = u.mul_(block_cdf[:, -1:] * (1 - 2**-50))
+    block = torch.searchsorted(block_cdf, u, right=True).clamp_(max=block_cdf.shape[1] - 1)  # [B, 1]
+    # u's place inside its block: minus everything before the block (the same float64 numbers)
+    before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp_(min=0)), 0.0)
+    inside = u - before
+    columns = block * CDF_BLOCK + torch.arange(CDF_BLOCK, device=weights.device)  # [B, CDF_BLOCK]
+    window = weights.gather(1, columns.clamp(max=vocab - 1)).masked_fill_(columns >= vocab, 0.0)
+    window_cdf = window.cumsum(-1, dtype=torch.float64)
+    # the block's own cumsum may round a hair below its total: stay inside it
+    inside = torch.minimum(inside, window_cdf[:, -1:] * (1 - 2**-50))
+    offset = torch.searchsorted(window_cdf, inside, right=True).clamp_(max=CDF_BLOCK - 1)
+    return (block * CDF_BLOCK + offset).squeeze(-1)
+
+
 def sample_categorical(logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
     """One draw per row of ``logits [B, V]`` from softmax(logits); returns ``[B]`` long.
-
-    Inverts the cumulative distribution with one uniform number per row: drawing B uniforms
-    instead of B·V (Gumbel-max, ``multinomial``) is most of the cost of a step's sampling on
-    a CPU. The CDF is summed in float64 so that a 150k-token vocabulary keeps its small
-    probabilities. Tokens with probability 0 (−inf logits) are never drawn: the search returns
-    the first token whose CDF exceeds u, and u ≤ total·(1 − 2⁻⁵⁰) stays below the total even
-    after rounding (the last token loses ~1e-15 of probability).
-    """
-    cdf = torch.softmax(logits, dim=-1).cumsum(dim=-1, dtype=torch.float64)
-    limit = cdf[:, -1:] * (1 - 2**-50)
-    u = torch.rand(limit.shape, generator=generator, dtype=torch.float64, device=logits.device).mul_(limit)
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1)
+    Tokens with −inf logits are never drawn (see :func:`sample_from_weights`)."""
+    return sample_from_weights(torch.softmax(logits, dim=-1), generator)
 
 
 def choose_tokens(
@@ -71,24 +129,35 @@ def choose_tokens(
     greedy: bool = False,
     banned_token: int | None = None,
     generator: torch.Generator | None = None,
+    workspace: SamplingWorkspace | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Pick one token per row of ``logits [B, V]``; return ``(tokens [B] long, logprobs [B] float32)``.
 
     The log-prob is that of the chosen token under log_softmax(logits / temperature), before
     truncation and before the ban — what a trainer recomputes from the same weights
-    (temperature 1 when greedy). ``banned_token`` (the pad id) is never chosen.
+    (temperature 1 when greedy). ``banned_token`` (the pad id) is never chosen. With a
+    ``workspace`` the ``[B, V]`` intermediates live in its buffers (``logits`` is not written).
     """
+    workspace = workspace or SamplingWorkspace()
     scaled = logits.float()
     if not greedy and temperature != 1.0:
-        scaled = scaled / temperature
-    logprobs = torch.log_softmax(scaled, dim=-1)
-    candidates = scaled
-    if banned_token is not None:
-        candidates = scaled.clone()
-        candidates[:, banned_token] = NEG_INF
+        scaled = torch.div(scaled, temperature, out=workspace.take("scaled", scaled))
+    logprobs = torch.log_softmax(scaled, dim=-1, out=workspace.take("logprobs", scaled))
     if greedy:
+        candidates = scaled
+        if banned_token is not None:
+            candidates = workspace.take("candidates", scaled).copy_(scaled)
+            candidates[:, banned_token] = NEG_INF
         tokens = candidates.argmax(dim=-1)
-    else:
+    elif top_k > 0 or top_p < 1.0 or min_p > 0.0:
+        candidates = scaled.clone()
+        if banned_token is not None:
+            candidates[:, banned_token] = NEG_INF
         candidates = min_p_filter(top_p_filter(top_k_filter(candidates, top_k), top_p), min_p)
         tokens = sample_categorical(candidates, generator)
+    else:  # no filter: the weights are the probabilities, the banned token's set to 0
+        probs = torch.exp(logprobs, out=workspace.take("probs", scaled))
+        if banned_token is not None:
+            probs[:, banned_token] = 0.0
+        tokens = sample_from_weights(probs, generator)
     return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

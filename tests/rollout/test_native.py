@@ -12,18 +12,21 @@ from posttrain.rollout.native import NativeDecoder, unsupported_reason
 from tests.rollout.conftest import tiny_model
 
 
+@pytest.mark.parametrize("weight_major", [False, True], ids=["activation-major", "weight-major"])
 @pytest.mark.parametrize("kv_heads", [None, 2], ids=["mha-untied", "gqa-tied-theta500"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_logits_equal_transformers_on_a_left_padded_batch(tokenizer, arch, kv_heads):
+def test_logits_equal_transformers_on_a_left_padded_batch(tokenizer, arch, kv_heads, weight_major):
     model = tiny_model(tokenizer, arch, kv_heads=kv_heads)
     decoder = NativeDecoder(model)
+    decoder.weight_major = weight_major  # chosen by size; both ways must compute the same
+    decoder.LOGIT_CHUNK = 7  # the output layer in several slices, the last one partial
     prompts = torch.tensor([[0, 0, 0, 5, 6, 7], [8, 9, 10, 11, 12, 13], [0, 14, 15, 16, 17, 18]])
     mask = (prompts != 0).long()
     repeats, steps = 2, 4
     # each prompt's two samples continue with different tokens
     continuations = torch.randint(4, len(tokenizer), (3 * repeats, steps), generator=torch.Generator().manual_seed(0))
     logits = [decoder.prefill(prompts, mask, max_new_tokens=steps, repeats=repeats)]
-    logits += [decoder.decode(continuations[:, t]) for t in range(steps)]
+    logits += [decoder.decode(continuations[:, t]).clone() for t in range(steps)]  # decode reuses its buffer
     ids = torch.cat([prompts.repeat_interleave(repeats, 0), continuations], 1)
     full_mask = torch.cat([mask.repeat_interleave(repeats, 0), torch.ones_like(continuations)], 1)
     with torch.no_grad():
@@ -33,9 +36,11 @@ def test_logits_equal_transformers_on_a_left_padded_batch(tokenizer, arch, kv_he
         torch.testing.assert_close(got, reference[:, prompts.shape[1] - 1 + t], atol=1e-5, rtol=0)
 
 
-def test_dropping_rows_keeps_the_others_exact(tokenizer):
+@pytest.mark.parametrize("weight_major", [False, True], ids=["activation-major", "weight-major"])
+def test_dropping_rows_keeps_the_others_exact(tokenizer, weight_major):
     model = tiny_model(tokenizer, "qwen2", kv_heads=2)
     decoder, reference = NativeDecoder(model), NativeDecoder(model)
+    decoder.weight_major = reference.weight_major = weight_major
     prompts = torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11]])
     mask = (prompts != 0).long()
     tokens = torch.tensor([20, 21, 22, 23])

@@ -43,7 +43,7 @@ def decoder_logits(decoder: NativeDecoder, steps: int = 3, repeats: int = 2) -> 
     generator = torch.Generator().manual_seed(0)
     continuations = torch.randint(4, decoder.embed.shape[0], (len(PROMPTS) * repeats, steps), generator=generator)
     logits = [decoder.prefill(PROMPTS, mask, max_new_tokens=steps, repeats=repeats)]
-    logits += [decoder.decode(continuations[:, t]) for t in range(steps)]
+    logits += [decoder.decode(continuations[:, t]).clone() for t in range(steps)]  # decode reuses its buffer
     ids = torch.cat([PROMPTS.repeat_interleave(repeats, 0), continuations], 1)
     full_mask = torch.cat([mask.repeat_interleave(repeats, 0), torch.ones_like(continuations)], 1)
     reference = forward_logits(decoder.model, ids, full_mask)[:, PROMPTS.shape[1] - 1 :]

@@ -6,7 +6,16 @@ import math
 
 import torch
 
-from posttrain.rollout.sampling import choose_tokens, min_p_filter, sample_categorical, top_k_filter, top_p_filter
+from posttrain.rollout.sampling import (
+    CDF_BLOCK,
+    SamplingWorkspace,
+    choose_tokens,
+    min_p_filter,
+    sample_categorical,
+    sample_from_weights,
+    top_k_filter,
+    top_p_filter,
+)
 
 NEG = float("-inf")
 PROBS = [0.15, 0.5, 0.05, 0.3]
@@ -78,3 +87,53 @@ def test_temperature_sharpens_the_draws():
     # softmax(log p / 0.5) ∝ p²: .36, .09, .01 → .783, .196, .022
     frequencies = torch.bincount(tokens, minlength=3).float() / 20000
     torch.testing.assert_close(frequencies, torch.tensor([0.7826, 0.1957, 0.0217]), atol=0.015, rtol=0)
+
+
+def test_two_level_draws_follow_the_weights_across_blocks(monkeypatch):
+    # a vocabulary of two full blocks and a partial one; mass in each block, zeros around it
+    vocab = 2 * CDF_BLOCK + 37
+    weights = torch.zeros(vocab)
+    # block edges, the last token, two tokens in a later block (so the offset into it matters)
+    chosen = {3: 0.2, CDF_BLOCK - 1: 0.1, CDF_BLOCK: 0.3, 2 * CDF_BLOCK + 5: 0.15, 2 * CDF_BLOCK + 36: 0.25}
+    for token, weight in chosen.items():
+        weights[token] = weight * 5.0  # unnormalised
+    draws = sample_from_weights(weights.expand(40000, vocab), torch.Generator().manual_seed(0))
+    frequencies = torch.bincount(draws, minlength=vocab).float() / 40000
+    assert set(torch.nonzero(frequencies).flatten().tolist()) == set(chosen)
+    for token, weight in chosen.items():
+        assert abs(frequencies[token].item() - weight) < 0.01, (token, frequencies[token].item())
+    # u at the very top of the range still lands on a token of positive weight
+    rand = torch.rand
+    monkeypatch.setattr(torch, "rand", lambda *args, **kwargs: torch.ones_like(rand(*args, **kwargs)))
+    assert sample_from_weights(weights[None], torch.Generator()).tolist() == [2 * CDF_BLOCK + 36]
+    weights[2 * CDF_BLOCK :] = 0.0  # the last block empty: the top is block 1's last token
+    assert sample_from_weights(weights[None], torch.Generator()).tolist() == [CDF_BLOCK]
+
+
+def test_a_small_token_in_a_large_vocabulary_keeps_its_probability():
+    # one token of weight 1e-3 after a dominant one and 10k tokens of weight 1e-9 (which a
+    # float32 cumsum would round away on top of 1.0)
+    vocab = 10_000
+    weights = torch.full((vocab,), 1e-9)
+    weights[10], weights[8_000] = 1.0, 1e-3
+    draws = sample_from_weights(weights.expand(20_000, vocab), torch.Generator().manual_seed(0))
+    expected = 20_000 * 1e-3 / (1.0 + 1e-3 + 1e-9 * (vocab - 2))
+    assert abs(int(draws.eq(8_000).sum()) - expected) < 5 * expected**0.5  # ~20 ± 4.5
+
+
+def test_a_workspace_reuses_its_buffers_and_gives_the_same_choice():
+    logits = torch.randn(6, 3000, generator=torch.Generator().manual_seed(0))
+    workspace = SamplingWorkspace()
+    plain = choose_tokens(logits, temperature=0.7, banned_token=5, generator=torch.Generator().manual_seed(1))
+    first = choose_tokens(
+        logits, temperature=0.7, banned_token=5, generator=torch.Generator().manual_seed(1), workspace=workspace
+    )
+    buffers = {name: buffer.data_ptr() for name, buffer in workspace._buffers.items()}
+    again = choose_tokens(
+        logits[:4], temperature=0.7, banned_token=5, generator=torch.Generator().manual_seed(1), workspace=workspace
+    )
+    assert {name: buffer.data_ptr() for name, buffer in workspace._buffers.items()} == buffers
+    for a, b in zip(plain, first, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(again[0], first[0][:4])
+    assert torch.equal(logits, torch.randn(6, 3000, generator=torch.Generator().manual_seed(0)))  # not written
