@@ -47,6 +47,10 @@ class Decoder(Protocol):
         """Keep only the running rows ``rows [B']``, in that order."""
         ...
 
+    def release(self) -> None:
+        """Free what the batch held (caches, buffers, derived weights); the next ``prefill`` rebuilds it."""
+        ...
+
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     """Token-id lists → ``(ids [U, P], mask [U, P])`` long, left-padded with ``pad_id``."""
@@ -94,6 +98,8 @@ class LocalEngine:
             with torch.inference_mode():
                 steps = self._sample(prompt_ids, prompt_mask, sampling)
         finally:
+            # the cache and buffers would otherwise sit beside the trainer's update until the next batch
+            self.decoder.release()
             if was_training:
                 self.model.train()
         # built outside inference mode: the trainer multiplies these with tensors that need grad

@@ -56,6 +56,10 @@ class TransformersDecoder:
         self.next_position = self.next_position + 1
         return logits
 
+    def release(self) -> None:
+        """Free the last batch's cache."""
+        self.cache = self.attention_mask = self.next_position = None
+
     @torch.inference_mode()
     def select(self, rows: Tensor) -> None:
         """Keep only the running rows ``rows [B']``."""

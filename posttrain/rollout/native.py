@@ -462,6 +462,17 @@ class NativeDecoder:
             logits[:, start:end].copy_(part.t())
         return logits
 
+    def release(self) -> None:
+        """Free what generation holds between batches: the KV cache, the step buffers and the
+        fused weights (copies; the next ``prefill`` fuses the weights as they are then). In an
+        RL step the update runs in between, so this memory is the update's (SmolLM2-135M with
+        LoRA: 0.43 GB of fused weights, and 0.9 GB of cache after a 50-prompt evaluation)."""
+        self.keys = self.values = self.logits = self.logits_t = None
+        self.layer_keys = self.layer_values = ()
+        self.step_rotations = self.decode_bias = None
+        self.layers = []
+        self._sources = ([], [])  # matches no model: the next prefill re-fuses
+
     @torch.inference_mode()
     def select(self, rows: Tensor) -> None:
         """Keep only the running rows ``rows [B']`` (finished ones are dropped)."""

@@ -35,6 +35,9 @@ class Boosted:
     def select(self, rows):
         self.inner.select(rows)
 
+    def release(self):
+        self.inner.release()
+
 
 def check_bookkeeping(out, stop_ids, max_new_tokens, pad_id):
     """Every row: the mask covers exactly the generated tokens, the stop token included."""
@@ -211,3 +214,20 @@ def test_outputs_carry_no_autograd_state_and_train_with_the_policy(tokenizer):
     weight = torch.ones((), requires_grad=True)
     ((weight * out.logprobs).exp() * out.response_mask).sum().backward()
     assert weight.grad is not None
+
+
+@pytest.mark.parametrize("kind", ["native", "transformers"])
+def test_generation_frees_its_cache_and_fused_weights(tokenizer, kind):
+    # what a batch built (KV cache, logits buffers, fused weight copies) is not kept beside the
+    # trainer's update; the next batch rebuilds it from the weights as they are then
+    model = tiny_model(tokenizer)
+    engine = build_engine(model, tokenizer, kind)
+    sampling = SamplingParams(n=2, max_new_tokens=6, seed=0)
+    first = engine.generate(encode(tokenizer), sampling)
+    decoder = engine.decoder
+    if kind == "native":
+        assert decoder.keys is None and decoder.values is None and decoder.logits is None and decoder.layers == []
+    else:
+        assert decoder.cache is None
+    again = engine.generate(encode(tokenizer), sampling)
+    assert torch.equal(first.response_ids, again.response_ids) and torch.equal(first.logprobs, again.logprobs)
