@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import Tensor, nn
 
+from posttrain.memory import return_free_memory
 from posttrain.rollout.hf import TransformersDecoder
 from posttrain.rollout.native import NativeDecoder, unsupported_reason
 from posttrain.rollout.sampling import SamplingWorkspace, choose_tokens
@@ -100,6 +101,7 @@ class LocalEngine:
         finally:
             # the cache and buffers would otherwise sit beside the trainer's update until the next batch
             self.decoder.release()
+            return_free_memory()
             if was_training:
                 self.model.train()
         # built outside inference mode: the trainer multiplies these with tensors that need grad

@@ -67,13 +67,15 @@ def inference_weights(model: nn.Module) -> dict[str, Tensor]:
 
 
 def save_inference_folder(
-    model: nn.Module, tokenizer: Any, folder: str | Path, weights: dict[str, Tensor] | None = None
+    model: nn.Module, tokenizer: Any | None, folder: str | Path, weights: dict[str, Tensor] | None = None
 ) -> Path:
     """Write ``model`` (LoRA folded in: ``weights``, by default :func:`inference_weights`) and
-    ``tokenizer`` as a plain Hugging Face folder: engines such as vLLM load a model by path only."""
+    ``tokenizer`` (if given) as a plain Hugging Face folder: engines such as vLLM load a model
+    by path only, and a LoRA run's ``final/`` is this folder."""
     folder = Path(folder)
     base = model.get_base_model() if _is_peft_model(model) else model
     # state_dict= makes transformers write these tensors under these names (and drop tied copies)
     base.save_pretrained(folder, state_dict=weights if weights is not None else inference_weights(model))
-    tokenizer.save_pretrained(folder)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
     return folder

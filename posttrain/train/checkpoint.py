@@ -268,8 +268,14 @@ def save_final(model: Any, path: str | Path, tokenizer: Any = None) -> Path:
     path = Path(path)
     if type(model).__module__.startswith("peft"):
         from posttrain.models.lora import save_merged
+        from posttrain.rollout.weights import save_inference_folder, unmergeable_reason
 
-        save_merged(model, path, tokenizer=tokenizer)
+        if unmergeable_reason(model) is None:
+            # only the adapted projections get new tensors (W + scaling·B·A); merging a deep
+            # copy held the whole model twice, the run's peak memory (SmolLM2-135M: +0.5 GB)
+            save_inference_folder(model, tokenizer, path)
+        else:  # DoRA and co: peft's own merge, on a copy
+            save_merged(model, path, tokenizer=tokenizer)
         model.save_pretrained(path / "adapter")
         return path
     model.save_pretrained(path)

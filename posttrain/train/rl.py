@@ -51,6 +51,7 @@ from posttrain.algos import (
 from posttrain.algos.mismatch import rollout_mismatch, truncated_is_weights
 from posttrain.algos.sampling import dapo_group_filter
 from posttrain.config import dump_config
+from posttrain.memory import return_free_memory
 from posttrain.models.logprobs import response_logprobs, shared_prompt_logprobs
 from posttrain.rewards import NamedReward, RewardSet, resolve_reward
 from posttrain.rollout.engine import build_engine
@@ -269,6 +270,7 @@ class OnlineRL:
         batch = self.prepare(batch, metrics)
         t2 = time.perf_counter()
         metrics.update(self.update(batch, step))
+        return_free_memory()  # the update's activations, before the next rollout or evaluation allocates
         t3 = time.perf_counter()
         self.engine.update_weights(step)  # vLLM: copies the new weights in; raises if it cannot
         t4 = time.perf_counter()

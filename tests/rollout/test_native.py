@@ -37,20 +37,29 @@ def test_logits_equal_transformers_on_a_left_padded_batch(tokenizer, arch, kv_he
 
 
 @pytest.mark.parametrize("weight_major", [False, True], ids=["activation-major", "weight-major"])
-def test_dropping_rows_keeps_the_others_exact(tokenizer, weight_major):
+@pytest.mark.parametrize(
+    "drops",
+    [{1: [0, 2, 3, 5], 2: [1, 3]}, {1: [5, 0, 3, 2], 2: [0, 2]}],
+    ids=["ascending-in-place", "reordered-then-ascending"],
+)
+def test_dropping_rows_keeps_the_others_exact(tokenizer, weight_major, drops):
     model = tiny_model(tokenizer, "qwen2", kv_heads=2)
     decoder, reference = NativeDecoder(model), NativeDecoder(model)
     decoder.weight_major = reference.weight_major = weight_major
-    prompts = torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11]])
+    prompts = torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11], [0, 0, 12, 13]])
     mask = (prompts != 0).long()
-    tokens = torch.tensor([20, 21, 22, 23])
-    decoder.prefill(prompts, mask, max_new_tokens=3, repeats=2)
-    reference.prefill(prompts, mask, max_new_tokens=3, repeats=2)
-    decoder.decode(tokens)
-    expected = reference.decode(tokens)
-    decoder.select(torch.tensor([1, 3]))
-    torch.testing.assert_close(decoder.decode(tokens[[1, 3]]), reference.decode(tokens)[[1, 3]], atol=1e-6, rtol=0)
-    assert expected.shape == (4, len(tokenizer))
+    steps = 4
+    tokens = torch.randint(4, len(tokenizer), (steps, 6), generator=torch.Generator().manual_seed(0))
+    decoder.prefill(prompts, mask, max_new_tokens=steps, repeats=2)
+    reference.prefill(prompts, mask, max_new_tokens=steps, repeats=2)
+    rows = torch.arange(6)  # the reference rows the decoder still runs, in its order
+    for t in range(steps):
+        expected = reference.decode(tokens[t]).clone()
+        torch.testing.assert_close(decoder.decode(tokens[t, rows]), expected[rows], atol=1e-6, rtol=0)
+        if t in drops:  # positions among the decoder's current rows
+            decoder.select(torch.tensor(drops[t]))
+            rows = rows[drops[t]]
+    assert len(rows) == 2
 
 
 def test_unsupported_configs_are_named(tokenizer):

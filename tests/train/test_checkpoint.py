@@ -122,3 +122,37 @@ def test_kill_9_during_a_save_leaves_the_previous_checkpoint_usable(tmp_path):
     # the next save clears the dead process's staging folder
     save_checkpoint(tmp_path, 3, model=AutoModelForCausalLM.from_pretrained(latest.path))
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".staging")]
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied-embeddings", "untied"])
+def test_a_lora_final_folder_is_the_adapted_model_without_touching_the_policy(tmp_path, tied):
+    from posttrain.models.lora import apply_lora
+    from posttrain.train.checkpoint import save_final
+
+    tokenizer = build_char_tokenizer()
+    base = build_tiny_causal_lm(len(tokenizer), layers=2, hidden=32, heads=2, tokenizer=tokenizer)
+    base.config.tie_word_embeddings = tied
+    if tied:
+        base.tie_weights()
+    policy = apply_lora(base, r=4, alpha=8)
+    with torch.no_grad():  # trained adapters: B ≠ 0
+        for name, parameter in policy.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(name)))
+    policy.eval()
+    ids = torch.tensor([tokenizer("reverse: abc = cba.")["input_ids"]])
+    with torch.no_grad():
+        adapted = policy(input_ids=ids).logits
+        with policy.disable_adapter():
+            original = policy(input_ids=ids).logits
+    assert (adapted - original).abs().max() > 1e-3  # the adapters matter
+
+    folder = save_final(policy, tmp_path / "final", tokenizer)
+    plain = AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert not any("lora" in name for name in plain.state_dict())
+    assert (folder / "adapter" / "adapter_config.json").is_file() and (folder / "tokenizer.json").is_file()
+    with torch.no_grad():
+        torch.testing.assert_close(plain(input_ids=ids).logits, adapted, atol=1e-5, rtol=0)
+        torch.testing.assert_close(policy(input_ids=ids).logits, adapted, atol=0, rtol=0)  # policy as it was
+        with policy.disable_adapter():
+            torch.testing.assert_close(policy(input_ids=ids).logits, original, atol=0, rtol=0)
