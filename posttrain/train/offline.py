@@ -19,6 +19,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from posttrain.config import Section
+from posttrain.memory import return_free_memory
 from posttrain.telemetry import MetricsLogger, Progress, write_report
 from posttrain.train.checkpoint import (
     latest_checkpoint,
@@ -210,6 +211,7 @@ def _train_step(
     if not math.isfinite(grad_norm):
         raise TrainingDiverged(f"step {step}: the gradient norm is {grad_norm}; lower learning_rate")
     optimizer.step()
+    return_free_memory()  # this step's activations, which glibc would otherwise keep (posttrain.memory)
     return {**totals, "grad_norm": grad_norm}
 
 
