@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from posttrain.rollout.vllm_engine import VLLMEngine, VLLMOptions
 
 ENGINE_KINDS = ("auto", "native", "transformers", "vllm")
+TRIM_FROM_BYTES = 64 << 20  # a released batch this large is handed back to the system
 
 
 class Decoder(Protocol):
@@ -48,8 +49,9 @@ class Decoder(Protocol):
         """Keep only the running rows ``rows [B']``, in that order."""
         ...
 
-    def release(self) -> None:
-        """Free what the batch held (caches, buffers, derived weights); the next ``prefill`` rebuilds it."""
+    def release(self) -> int:
+        """Free what the batch held (caches, buffers, derived weights); the next ``prefill``
+        rebuilds it. Returns about how many bytes were freed (0 when unknown)."""
         ...
 
 
@@ -99,9 +101,11 @@ class LocalEngine:
             with torch.inference_mode():
                 steps = self._sample(prompt_ids, prompt_mask, sampling)
         finally:
-            # the cache and buffers would otherwise sit beside the trainer's update until the next batch
-            self.decoder.release()
-            return_free_memory()
+            # the cache and buffers would otherwise sit beside the trainer's update until the next
+            # batch; handed back to the system only when large: a small batch's pages would just
+            # be faulted in again by the next one (the RL step trims after its update anyway)
+            if self.decoder.release() >= TRIM_FROM_BYTES:
+                return_free_memory()
             if was_training:
                 self.model.train()
         # built outside inference mode: the trainer multiplies these with tensors that need grad

@@ -56,9 +56,10 @@ class TransformersDecoder:
         self.next_position = self.next_position + 1
         return logits
 
-    def release(self) -> None:
-        """Free the last batch's cache."""
+    def release(self) -> int:
+        """Free the last batch's cache; returns 0 (its size is the cache class's business)."""
         self.cache = self.attention_mask = self.next_position = None
+        return 0
 
     @torch.inference_mode()
     def select(self, rows: Tensor) -> None:

@@ -36,7 +36,7 @@ class Boosted:
         self.inner.select(rows)
 
     def release(self):
-        self.inner.release()
+        return self.inner.release()
 
 
 def check_bookkeeping(out, stop_ids, max_new_tokens, pad_id):
@@ -231,3 +231,8 @@ def test_generation_frees_its_cache_and_fused_weights(tokenizer, kind):
         assert decoder.cache is None
     again = engine.generate(encode(tokenizer), sampling)
     assert torch.equal(first.response_ids, again.response_ids) and torch.equal(first.logprobs, again.logprobs)
+    if kind == "native":  # the size it reports decides whether the engine hands memory back
+        ids = torch.tensor([[5, 6, 7]])
+        decoder.prefill(ids, torch.ones_like(ids), max_new_tokens=4, repeats=2)
+        cache = decoder.keys.untyped_storage().nbytes() + decoder.values.untyped_storage().nbytes()
+        assert decoder.release() > cache and decoder.release() == 0
