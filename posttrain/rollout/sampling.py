@@ -143,18 +143,17 @@ def choose_tokens(
     if not greedy and temperature != 1.0:
         scaled = torch.div(scaled, temperature, out=workspace.take("scaled", scaled))
     logprobs = torch.log_softmax(scaled, dim=-1, out=workspace.take("logprobs", scaled))
-    if greedy:
+    filtered = top_k > 0 or top_p < 1.0 or min_p > 0.0
+    if greedy or filtered:
         candidates = scaled
         if banned_token is not None:
             candidates = workspace.take("candidates", scaled).copy_(scaled)
             candidates[:, banned_token] = NEG_INF
-        tokens = candidates.argmax(dim=-1)
-    elif top_k > 0 or top_p < 1.0 or min_p > 0.0:
-        candidates = scaled.clone()
-        if banned_token is not None:
-            candidates[:, banned_token] = NEG_INF
-        candidates = min_p_filter(top_p_filter(top_k_filter(candidates, top_k), top_p), min_p)
-        tokens = sample_categorical(candidates, generator)
+        if greedy:
+            tokens = candidates.argmax(dim=-1)
+        else:
+            candidates = min_p_filter(top_p_filter(top_k_filter(candidates, top_k), top_p), min_p)
+            tokens = sample_categorical(candidates, generator)
     else:  # no filter: the weights are the probabilities, the banned token's set to 0
         probs = torch.exp(logprobs, out=workspace.take("probs", scaled))
         if banned_token is not None:
