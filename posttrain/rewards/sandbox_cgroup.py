@@ -10,6 +10,18 @@ task of the run is ever outside it) and emptied with SIGKILL when the run ends. 
 cgroups are kept for the next run: removing a used memory cgroup can take ~10 ms of kernel
 work, a third of a whole jailed run.
 
+A kept cgroup is handed to the next run only once nothing is charged to it (``pids.current``
+is 0). An emptied cgroup is not yet free: bwrap's monitor exits as soon as the program's exit
+status arrives, without waiting for the namespace's init, which is then reparented to the
+machine's pid 1; its zombie stays charged to the run's pids cgroup until that init reaps it.
+Some inits reap in batches seconds apart (seen: a firecracker VM, 135 jail inits waiting at
+once under four threads), so reusing a cgroup at once let these charges pile up past the cap
+and the next jail could not fork its own init — an ``infra_error``, or a ``crash`` when the
+referee could not spawn its worker. Charged cgroups wait in the pool while new ones are made.
+Where the machine's init never reaps, past ``MAX_KEPT`` cgroups the least-charged one is taken
+with its cap raised by the stale charge (a warning says so once): zombies run nothing, so the
+run's own tasks still get their full cap, bounded as before.
+
 Both layouts are handled: cgroup v1 (a ``pids`` and a ``memory`` hierarchy) and v2 (one
 unified hierarchy; our own cgroup must be allowed to enable ``pids`` for its children, which
 holds at the root of a container's cgroup namespace or in a delegated subtree). Where neither
@@ -20,14 +32,20 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
 
+log = logging.getLogger(__name__)
+
 _runs = itertools.count()
 _pools = itertools.count()
+
+MAX_KEPT = 256
+"""Run cgroups a pool holds at most; past it a still-charged one is reused (see above)."""
 
 
 @dataclass
@@ -48,6 +66,14 @@ class RunCgroup:
             with contextlib.suppress(OSError), open(path) as f:
                 found.update(int(line) for line in f if line.strip())
         return found
+
+    def charged(self) -> int:
+        """Tasks charged to the pids cgroup: live ones and zombies not yet reaped (-1: unreadable)."""
+        try:
+            with open(os.path.join(self.dirs[0], "pids.current")) as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            return -1
 
     def oom_kills(self) -> int:
         if self.memory_events is None:
@@ -101,6 +127,8 @@ class CgroupPool:
     made: list[str] = field(default_factory=list)
     free: list[RunCgroup] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    run_cgroups: int = 0  # made and not removed: in use or kept in ``free``
+    warned_unreaped: bool = False
 
     @property
     def description(self) -> str:
@@ -108,26 +136,53 @@ class CgroupPool:
         return f"cgroup v{self.version} ({parts}) under {self.pids_root}"
 
     def acquire(self, max_tasks: int, memory_bytes: int) -> RunCgroup:
-        """An empty cgroup with these limits: a kept one, else a new one."""
-        with self.lock:
-            cgroup = self.free.pop() if self.free else None
+        """An empty cgroup with these limits: a kept one with nothing charged, else a new one
+        (else, at ``MAX_KEPT``, the least-charged kept one with the stale charge added to its cap)."""
+        cgroup, stale = self._take_uncharged()
         if cgroup is None:
             return self.create(max_tasks, memory_bytes)
         try:
-            self._set_limits(cgroup, max_tasks, memory_bytes)
+            self._set_limits(cgroup, max_tasks + stale, memory_bytes)
         except OSError:
-            cgroup.remove()
+            self._forget(cgroup)
             raise
         cgroup.oom_base = cgroup.oom_kills()
         return cgroup
 
     def release(self, cgroup: RunCgroup) -> None:
-        """Kill what is left of the run; keep the cgroup for the next run when it is empty."""
+        """Kill what is left of the run; keep the cgroup for a later run when it is empty."""
         if cgroup.kill_all():
             with self.lock:
                 self.free.append(cgroup)
         else:
-            cgroup.remove()
+            self._forget(cgroup)
+
+    def _take_uncharged(self) -> tuple[RunCgroup | None, int]:
+        """(a kept cgroup, its stale charge), or (None, 0) when a new one should be made. The
+        oldest kept cgroups come first: their zombies have had the longest to be reaped."""
+        with self.lock:
+            for index, cgroup in enumerate(self.free):
+                if cgroup.charged() == 0:
+                    return self.free.pop(index), 0
+            if not self.free or self.run_cgroups < MAX_KEPT:
+                self.run_cgroups += 1  # reserved under the lock; create() makes it
+                return None, 0
+            # an unreadable count (-1) sorts last: it would hide how many slots are taken
+            stale, index = min((c if c >= 0 else 1 << 30, i) for i, c in enumerate(g.charged() for g in self.free))
+            warn, self.warned_unreaped = not self.warned_unreaped, True
+            cgroup = self.free.pop(index)
+        if warn:
+            log.warning(
+                "code sandbox: %d run cgroups all still hold unreaped processes (zombies of jail inits the "
+                "machine's pid 1 has not reaped); reusing them with the process cap raised by the stale count",
+                MAX_KEPT,
+            )
+        return cgroup, stale if stale < 1 << 30 else 0
+
+    def _forget(self, cgroup: RunCgroup) -> None:
+        cgroup.remove()
+        with self.lock:
+            self.run_cgroups -= 1
 
     def _set_limits(self, cgroup: RunCgroup, max_tasks: int, memory_bytes: int) -> None:
         _write(os.path.join(cgroup.dirs[0], "pids.max"), str(max_tasks))
@@ -137,6 +192,15 @@ class CgroupPool:
             _write(os.path.join(cgroup.dirs[1], "memory.limit_in_bytes"), str(memory_bytes))
 
     def create(self, max_tasks: int, memory_bytes: int) -> RunCgroup:
+        """A new run cgroup; its place in ``run_cgroups`` was reserved by the caller."""
+        try:
+            return self._make_run_cgroup(max_tasks, memory_bytes)
+        except OSError:
+            with self.lock:
+                self.run_cgroups -= 1
+            raise
+
+    def _make_run_cgroup(self, max_tasks: int, memory_bytes: int) -> RunCgroup:
         name = f"run-{next(_runs)}"
         pids_dir = os.path.join(self.pids_root, name)
         os.mkdir(pids_dir)
@@ -161,6 +225,7 @@ class CgroupPool:
     def close(self) -> None:
         with self.lock:
             kept, self.free = self.free, []
+            self.run_cgroups -= len(kept)
         for cgroup in kept:
             cgroup.remove()
         for d in self.made:
