@@ -162,6 +162,22 @@ class RewardSet:
         weights = torch.tensor([r.weight for r in self.rewards], dtype=torch.float32)
         return RewardResult(self.names, components, weights, metrics)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The state of every stateful reward function (see ``NamedReward.stateful``), by name."""
+        return {r.name: r.fn.state_dict() for r in self.rewards if r.stateful}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> list[str]:
+        """Restore what :meth:`state_dict` saved; returns the stateful rewards it held nothing for."""
+        missing = []
+        for reward in self.rewards:
+            if not reward.stateful:
+                continue
+            if reward.name in state:
+                reward.fn.load_state_dict(state[reward.name])
+            else:
+                missing.append(reward.name)
+        return missing
+
     def start(self) -> None:
         """Start the worker processes now rather than on the first call (~2 s: each imports
         torch), so the first step's reward time is the rewards' own."""

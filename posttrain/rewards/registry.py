@@ -83,10 +83,16 @@ class NamedReward:
 
     @property
     def runs_in_process(self) -> bool:
-        """True for functions that must stay in the trainer's process (a reward model holds
-        its weights, maybe on the GPU, and batches by itself): they declare it with a
-        ``runs_in_process = True`` attribute."""
-        return bool(getattr(self.fn, "runs_in_process", False))
+        """True for functions that must stay in the trainer's process: a reward model holds
+        its weights, maybe on the GPU, and batches by itself (it declares ``runs_in_process =
+        True``); a function with state (``state_dict``/``load_state_dict``, e.g. a running
+        normalisation) keeps one copy of it, here, where a checkpoint saves and restores it."""
+        return bool(getattr(self.fn, "runs_in_process", False)) or self.stateful
+
+    @property
+    def stateful(self) -> bool:
+        """The function carries state across calls that an exact resume must restore."""
+        return callable(getattr(self.fn, "state_dict", None)) and callable(getattr(self.fn, "load_state_dict", None))
 
 
 def resolve_reward(spec: str | Mapping[str, Any] | RewardFn, weight: float = 1.0) -> NamedReward:

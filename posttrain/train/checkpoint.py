@@ -221,12 +221,34 @@ def load_weights_into(model: Any, path: str | Path) -> None:
     state: dict[str, torch.Tensor] = {}
     for file in files:
         state.update(load_file(file))
+    if type(model).__module__.startswith("peft"):
+        _load_adapters_into(model, state, path)
+        return
     missing, unexpected = model.load_state_dict(state, strict=False)
     loaded_storage = {p.data_ptr() for name, p in model.state_dict().items() if name in state}
     untied = [name for name in missing if model.state_dict()[name].data_ptr() not in loaded_storage]
     if untied or unexpected:
         raise CheckpointError(
             f"{path} does not match the model: missing {untied[:5]}, unexpected {list(unexpected)[:5]}"
+        )
+
+
+def _load_adapters_into(model: Any, state: dict[str, torch.Tensor], path: Path) -> None:
+    """A LoRA (peft) checkpoint holds the adapters (and fully trained heads) only, under peft's
+    saved names; the frozen base comes from ``model.path`` or the tiny model's seed, as at the
+    start. Every trainable tensor must come from the checkpoint, and every saved one must land."""
+    from peft import set_peft_model_state_dict
+
+    try:
+        result = set_peft_model_state_dict(model, state)
+    except (RuntimeError, KeyError, ValueError) as error:  # a shape mismatch: another rank or model
+        raise CheckpointError(f"the adapters in {path} do not fit this LoRA model: {error}") from None
+    missing = set(result.missing_keys)
+    untrained = [name for name, p in model.named_parameters() if p.requires_grad and name in missing]
+    if untrained or result.unexpected_keys:
+        raise CheckpointError(
+            f"the adapters in {path} do not match this LoRA model (model.lora / model.path changed?): "
+            f"not in the checkpoint {untrained[:5]}, not in the model {list(result.unexpected_keys)[:5]}"
         )
 
 

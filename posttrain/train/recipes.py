@@ -169,12 +169,17 @@ def build_model_and_tokenizer(section: ModelSection, seed: int) -> tuple[Any, An
             seed=seed,
             tokenizer=tokenizer,
         )
-    if section.lora is not None:
-        from posttrain.models.lora import apply_lora
+    return with_lora(model, section), tokenizer
 
-        lora = section.lora
-        model = apply_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=lora.target_modules)
-    return model, tokenizer
+
+def with_lora(model: Any, section: ModelSection) -> Any:
+    """``model`` wrapped with the adapters ``model.lora`` asks for (unchanged without it)."""
+    if section.lora is None:
+        return model
+    from posttrain.models.lora import apply_lora
+
+    lora = section.lora
+    return apply_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=lora.target_modules)
 
 
 def load_rows(
@@ -257,8 +262,10 @@ def run_reward_model(config: RewardModelRun) -> list[dict[str, float]]:
     from posttrain.train.preference import RewardModelObjective
 
     torch.manual_seed(config.seed)
-    policy, tokenizer = build_model_and_tokenizer(config.model, config.seed)
-    scorer = reward_model_from_policy(policy, tokenizer.pad_token_id)
+    # the adapters go on the scorer (its head then trains in full), not on the policy it copies
+    policy, tokenizer = build_model_and_tokenizer(config.model.model_copy(update={"lora": None}), config.seed)
+    scorer = with_lora(reward_model_from_policy(policy, tokenizer.pad_token_id), config.model)
+    del policy
     train_rows, held_out, _ = load_rows(config.data, config.seed, ("preference",))
     objective = RewardModelObjective(scorer, tokenizer, center_coef=config.center_coef)
     held_examples = [objective.encode(row) for row in held_out]

@@ -139,6 +139,12 @@ class OnlineRL:
         # optimisation state
         params = [p for p in self.policy.parameters() if p.requires_grad]
         self.params = params
+        # zero gradients from the start, not None: AdamW skips a parameter whose gradient is
+        # None, so a step that trains no sample (every advantage 0) would move the weights
+        # (momentum, weight decay) after an earlier update in this process but not right after
+        # a resume in a fresh one, and the resumed run would drift from the straight one
+        for param in params:
+            param.grad = torch.zeros_like(param)
         self.optimizer = torch.optim.AdamW(
             params, lr=config.learning_rate, betas=config.adam_betas, weight_decay=config.weight_decay
         )
@@ -747,6 +753,7 @@ class OnlineRL:
             "scheduler": self.scheduler.state_dict(),
             "sampler": self.sampler.state_dict(),
             "kl_coef": self.kl_controller.value,
+            "rewards": self.rewards.state_dict(),
         }
         if self.running_baseline is not None:
             state["running_baseline"] = self.running_baseline.state_dict()
@@ -779,6 +786,11 @@ class OnlineRL:
         self.kl_controller.value = float(state["kl_coef"])
         if self.running_baseline is not None:
             self.running_baseline.load_state_dict(state["running_baseline"])
+        for name in self.rewards.load_state_dict(state.get("rewards", {})):
+            self.echo(
+                f"[resume] {path} holds no state for reward {name!r} (saved by an older posttrain): its "
+                "running statistics start again, so rewards after the resume differ from a straight run"
+            )
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
             self.critic_optimizer.load_state_dict(state["critic_optimizer"])
