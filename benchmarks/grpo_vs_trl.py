@@ -98,6 +98,7 @@ def posttrain_side(shared: list[str], sft_dir: str, out_dir: str) -> dict:
             "eval_size": 0,
             "seed": args.seed,
             "output_dir": out_dir,
+            "overwrite": True,  # the benchmark's own scratch run, redone each time
             "log_every": 10**9,
             "preflight": False,
             "reward_workers": 0,  # TRL scores in its own process too

@@ -46,11 +46,12 @@ def run_stages(out: Path, *, seed: int, sft_args: list[str], rl_args: list[str])
     times = {}
     start = time.perf_counter()
     sft = ["sft", "--config", str(CONFIGS / "math_sft.yaml"), f"output_dir={out / 'sft'}", f"seed={seed}"]
+    sft.append("overwrite=true")  # the example's own stage folders: running it again redoes them
     if posttrain([*sft, *sft_args]) != 0:
         raise SystemExit("the SFT stage failed")
     times["sft_s"] = time.perf_counter() - start
     rl = ["rl", "--config", str(CONFIGS / "math_grpo.yaml"), f"model.path={out / 'sft' / 'final'}"]
-    if posttrain([*rl, f"output_dir={out / 'grpo'}", f"seed={seed}", *rl_args]) != 0:
+    if posttrain([*rl, f"output_dir={out / 'grpo'}", "overwrite=true", f"seed={seed}", *rl_args]) != 0:
         raise SystemExit("the RL stage failed")
     times["rl_s"] = time.perf_counter() - start - times["sft_s"]
     return times

@@ -113,7 +113,7 @@ def run_stages(out: Path, budget: Budget, seed: int, echo: Callable[[str], None]
     for name, kind, config_file, overrides in stages:
         echo(f"[rlhf] stage {name}: posttrain {kind} --config configs/{config_file}")
         start = time.perf_counter()
-        run_stage(kind, config_file, [*overrides, f"seed={seed}", f"output_dir={out / name}"])
+        run_stage(kind, config_file, [*overrides, f"seed={seed}", f"output_dir={out / name}", "overwrite=true"])
         seconds[name] = round(time.perf_counter() - start, 1)
     return seconds
 

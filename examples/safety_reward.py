@@ -174,6 +174,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"steps={150 if quick else 300}",
                 f"seed={args.seed}",
                 f"output_dir={out / 'sft'}",
+                "overwrite=true",  # the example's own stage folders: running it again redoes them
             ],
         )
     )
@@ -195,6 +196,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "eval_size=0",
             f"seed={args.seed}",
             f"output_dir={out / 'rl'}",
+            "overwrite=true",
         ],
     )
     rewards = [

@@ -180,13 +180,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         start = time.perf_counter()
         sft = ["sft", "--config", str(CONFIGS / "smollm2_gsm_sft.yaml"), f"model.path={out / 'base'}"]
-        if posttrain([*sft, f"output_dir={out / 'sft'}", f"seed={args.seed}", *args.sft]) != 0:
+        if posttrain([*sft, f"output_dir={out / 'sft'}", "overwrite=true", f"seed={args.seed}", *args.sft]) != 0:
             raise SystemExit("the SFT stage failed")
         finished("sft", time.perf_counter() - start)
 
     start = time.perf_counter()
     rl = ["rl", "--config", str(rl_config), f"model.path={out / 'sft' / 'final'}"]
-    if posttrain([*rl, f"output_dir={out / 'grpo'}", f"seed={args.seed}", *args.rl]) != 0:
+    if posttrain([*rl, f"output_dir={out / 'grpo'}", "overwrite=true", f"seed={args.seed}", *args.rl]) != 0:
         raise SystemExit("the RL stage failed")
     finished("rl", time.perf_counter() - start)
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,7 +33,7 @@ def preset_names() -> list[str]:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from posttrain.config import ConfigError, describe, load_config
+    from posttrain.config import describe, load_config
 
     _, config_name, runner_name = TRAINING_COMMANDS[args.command]
     if args.command == "rl":
@@ -53,11 +54,8 @@ def _train(args: argparse.Namespace) -> int:
         return 0
     if args.resume is not None:
         args.overrides.append(f"resume={args.resume}")
-    try:
-        config = load(config_cls, args.config, args.overrides)
-    except ConfigError as error:
-        print(f"posttrain {args.command}: {error}", file=sys.stderr)
-        return 2
+    config = load(config_cls, args.config, args.overrides)
+    args.output_dir = config.output_dir  # named by the Ctrl-C message
     getattr(runners, runner_name)(config)
     print(f"[{args.command}] done: {config.output_dir}/final (model), {config.output_dir}/report.html")
     return 0
@@ -133,10 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"run configs in ./configs: {presets}. Algorithm presets for `rl` (algorithm=NAME): "
         f"{', '.join(algorithm_presets())}. Example: posttrain rl --config configs/reverse_grpo.yaml algorithm=dapo",
     )
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error instead of one message")
     commands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND")
+    # --debug is accepted after the command too; SUPPRESS keeps the subcommand from resetting it
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     for name, (summary, _, _) in TRAINING_COMMANDS.items():
         sub = commands.add_parser(
             name,
+            parents=[debug],
             help=summary,
             description=f"{summary}. Options come from --config and "
             "dotted key=value overrides; --options lists them all.",
@@ -147,7 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. steps=200 model.path=runs/sft/final")
         sub.set_defaults(handler=_train)
 
-    evaluate = commands.add_parser("eval", help="greedy accuracy and pass@k of a model folder on a built-in task")
+    evaluate = commands.add_parser(
+        "eval", parents=[debug], help="greedy accuracy and pass@k of a model folder on a built-in task"
+    )
     evaluate.add_argument("--model", required=True, help="a local model folder (e.g. runs/sft/final)")
     evaluate.add_argument("--task", default="reverse", help="built-in task (reverse, arithmetic)")
     evaluate.add_argument("--reward", default=None, help="reward to score with (default: the task's)")
@@ -166,12 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--seed", type=int, default=0, help="seeds the held-out set and sampling")
     evaluate.set_defaults(handler=_eval)
 
-    models = commands.add_parser("models", help="model files: import-gguf")
+    models = commands.add_parser("models", parents=[debug], help="model files: import-gguf")
     model_commands = models.add_subparsers(
         title="model commands", dest="model_command", metavar="COMMAND", required=True
     )
     gguf = model_commands.add_parser(
         "import-gguf",
+        parents=[debug],
         help="turn a .gguf file (llama.cpp) into a Hugging Face folder",
         description="Read a GGUF file with transformers (weights dequantised), rebuild a plain model of the "
         "same architecture and write it with its tokenizer and chat template as a Hugging Face folder that "
@@ -183,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser(
         "demo",
+        parents=[debug],
         help="the lecture's example on CPU: SFT a tiny model to reverse names, then GRPO (a few minutes)",
         description="Build a character tokenizer and a tiny Llama locally, SFT it on labelled names until it "
         "is right about half the time, then run GRPO on unlabelled prompts with a 0/1 exact-match reward; "
@@ -203,9 +210,38 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit status. An error the user can act on (a
+    :class:`~posttrain.errors.PosttrainError`) is one message on stderr and status 2; Ctrl-C is
+    status 130 with how to continue; ``--debug`` lets either raise with its traceback."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
-    return args.handler(args)
+    from posttrain.errors import PosttrainError
+
+    name = " ".join(filter(None, ["posttrain", args.command, getattr(args, "model_command", None)]))
+    try:
+        return args.handler(args)
+    except PosttrainError as error:
+        if args.debug:
+            raise
+        print(f"{name}: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        hint = ""
+        if args.command in TRAINING_COMMANDS and getattr(args, "output_dir", None):
+            hint = (
+                f"; the checkpoints in {args.output_dir}/checkpoints are kept: continue with "
+                f"`posttrain {args.command} ... --resume auto`"
+            )
+        print(f"\n{name}: interrupted{hint}", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # the reader went away (`posttrain rl --options | head -1`): nothing more can be printed;
+        # stdout is pointed at /dev/null so the interpreter's own flush at exit stays quiet
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1

@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from posttrain.errors import PosttrainError
+
 ConfigT = TypeVar("ConfigT", bound="Section")
 
 
@@ -28,7 +30,7 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
 
 
-class ConfigError(ValueError):
+class ConfigError(PosttrainError, ValueError):
     """One or more invalid config keys or values; the message names each one."""
 
 

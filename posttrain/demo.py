@@ -202,6 +202,7 @@ def _rl_config(config: DemoConfig, out: Path) -> RLRun:
             "eval_size": config.n_test,
             "seed": config.seed,
             "output_dir": str(out),
+            "overwrite": True,  # the demo redoes its own stages when run again
             "log_every": config.log_every,
             "log_samples": 4,
         },

@@ -14,11 +14,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from posttrain.errors import PosttrainError
+
 Row = dict[str, Any]
 SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
 
 
-class DataError(ValueError):
+class DataError(PosttrainError, ValueError):
     """A data file that cannot be used; the message names the file, row and field."""
 
 

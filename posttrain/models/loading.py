@@ -25,6 +25,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from posttrain.errors import PosttrainError
+
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -34,7 +36,7 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".safetensors.index.json", ".bin.inde
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(PosttrainError, ValueError):
     """A model or tokenizer path that cannot be loaded; the message says why and what to do."""
 
 

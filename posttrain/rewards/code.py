@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from posttrain.errors import PosttrainError
 from posttrain.rewards.registry import RewardOutput, register_reward
 from posttrain.rewards.rules import completion_text
 from posttrain.rewards.sandbox import CaseResult, Limits, Sandbox, Verdict
@@ -36,7 +37,7 @@ from posttrain.rewards.sandbox import CaseResult, Limits, Sandbox, Verdict
 _FENCE = re.compile(r"```(?:python3?|py)[^\S\n]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
 
-class SandboxInfraError(RuntimeError):
+class SandboxInfraError(PosttrainError, RuntimeError):
     """Too many samples of a batch could not be judged because the runner failed."""
 
 

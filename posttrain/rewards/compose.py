@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from posttrain.errors import PosttrainError
 from posttrain.rewards.pool import (
     Deferred,
     Task,
@@ -69,7 +70,7 @@ class RewardPoolWarning(UserWarning):
     """A reward function cannot run in a worker process and runs in a thread instead."""
 
 
-class RewardFunctionError(RuntimeError):
+class RewardFunctionError(PosttrainError, RuntimeError):
     """A reward function raised or returned something unusable; the message names it."""
 
 

@@ -71,6 +71,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from posttrain.errors import PosttrainError
 from posttrain.rewards import sandbox_cgroup
 from posttrain.rewards.sandbox_process import Supervised, supervise
 
@@ -133,7 +134,7 @@ class CaseResult:
     stderr: bytes = b""
 
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(PosttrainError, RuntimeError):
     """The jail cannot start on this machine; the message says what to install or enable."""
 
 

@@ -51,6 +51,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from posttrain.config import Section
+from posttrain.errors import PosttrainError
 from posttrain.rollout.types import Rollouts, SamplingParams
 from posttrain.rollout.weights import inference_weights, save_inference_folder, unmergeable_reason
 
@@ -85,7 +86,7 @@ class VLLMOptions(Section):
     """Further keyword arguments for ``vllm.LLM`` (e.g. {compilation_config: 3}); they win."""
 
 
-class WeightSyncError(RuntimeError):
+class WeightSyncError(PosttrainError, RuntimeError):
     """The engine could not take the trainer's weights; sampling now would use stale weights."""
 
 

@@ -31,12 +31,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from posttrain.errors import PosttrainError
+
 MARKER = "COMPLETE"
 STATE_FILE = "training_state.pt"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(PosttrainError, RuntimeError):
     """A checkpoint that cannot be used; the message names the folder or file and why."""
 
 
@@ -131,7 +133,7 @@ def list_checkpoints(output_dir: str | Path) -> list[Checkpoint]:
         return []
     found = []
     for child in root.iterdir():
-        match = _STEP_DIR.match(child.name)
+        match = STEP_DIR.match(child.name)
         if match and (child / MARKER).is_file():
             found.append(Checkpoint(child, int(match.group(1))))
     return sorted(found, key=lambda c: c.step)

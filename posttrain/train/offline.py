@@ -19,21 +19,22 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from posttrain.config import Section
+from posttrain.errors import PosttrainError
 from posttrain.memory import return_free_memory
 from posttrain.telemetry import MetricsLogger, Progress, write_report
 from posttrain.train.checkpoint import (
-    latest_checkpoint,
     load_training_state,
     load_weights_into,
     quiet_progress_bars,
     save_checkpoint,
     save_final,
 )
+from posttrain.train.run_dir import prepare_run_dir
 from posttrain.train.sampler import EpochSampler
 from posttrain.train.schedule import lr_multiplier
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(PosttrainError, RuntimeError):
     """The loss or the gradient became NaN/inf; the message says where and what to try."""
 
 
@@ -75,8 +76,12 @@ class LoopConfig(Section):
     log_every: int = Field(10, ge=1)
     """Print a progress line every this many steps when not on a terminal."""
     resume: str = "none"
-    """"auto" continues from the newest complete checkpoint in output_dir (a fresh start if
-    there is none), a path continues from that checkpoint, "none" starts over."""
+    """"auto": continue from the newest checkpoint in output_dir that verifies (saying which newer
+    ones were skipped; step 0 when there is none yet); a path: from that checkpoint; "none": a new
+    run, refused when output_dir already holds one (see overwrite)."""
+    overwrite: bool = False
+    """With resume "none": delete the run already in output_dir (checkpoints, final model, logs,
+    report) and start over, instead of refusing."""
 
 
 class Objective(Protocol):
@@ -119,9 +124,7 @@ def train_offline(
             f"({config.gradient_accumulation})"
         )
     out = Path(config.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if config_yaml is not None:
-        (out / "config.yaml").write_text(config_yaml, encoding="utf-8")
+    resume_from = prepare_run_dir(out, config.resume, config.overwrite, config_yaml)
     model = objective.model
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
@@ -131,7 +134,7 @@ def train_offline(
         optimizer, lr_multiplier(config.lr_scheduler, config.warmup_steps, config.steps, config.min_lr_ratio)
     )
     sampler = EpochSampler(len(examples), config.batch_size, config.seed)
-    start_step = _maybe_resume(config, model, optimizer, scheduler, sampler)
+    start_step = _maybe_resume(config, resume_from, model, optimizer, scheduler, sampler)
 
     history: list[dict[str, float]] = []
     logger = MetricsLogger(out, resume_step=start_step if start_step else None)
@@ -217,17 +220,13 @@ def _train_step(
 
 def _maybe_resume(
     config: LoopConfig,
+    path: Path | None,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     sampler: EpochSampler,
 ) -> int:
-    """Restore everything from the chosen checkpoint; return its step (0 for a fresh start)."""
-    if config.resume == "none":
-        torch.manual_seed(config.seed)
-        return 0
-    checkpoint = latest_checkpoint(config.output_dir) if config.resume == "auto" else None
-    path = checkpoint.path if checkpoint else (None if config.resume == "auto" else Path(config.resume))
+    """Restore everything from checkpoint ``path``; return its step (0 for a fresh start)."""
     if path is None:
         torch.manual_seed(config.seed)
         return 0
@@ -236,5 +235,5 @@ def _maybe_resume(
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     sampler.load_state_dict(state["sampler"])
-    print(f"[resume] continuing from {path} (step {state['step']})", flush=True)
+    print(f"[resume] step {state['step']} restored from {path}", flush=True)
     return int(state["step"])

@@ -148,6 +148,13 @@ class DPORun(LoopConfig):
     """Label noise ε (conservative DPO with sigmoid; robust DPO)."""
 
 
+def check_run_dir(config: LoopConfig) -> None:
+    """The run folder and resume point, checked before any model loads (``train/run_dir.py``)."""
+    from posttrain.train.run_dir import start_point
+
+    start_point(config.output_dir, config.resume, config.overwrite, dump_config(config))
+
+
 def build_model_and_tokenizer(section: ModelSection, seed: int) -> tuple[Any, Any]:
     from posttrain.models.loading import load_causal_lm, load_tokenizer
     from posttrain.models.tiny import build_tiny_causal_lm
@@ -225,6 +232,8 @@ def run_sft(config: SFTRun) -> list[dict[str, float]]:
     from posttrain.rewards import resolve_reward
     from posttrain.train.sft import SFTObjective
 
+    check_run_dir(config)
+
     torch.manual_seed(config.seed)
     model, tokenizer = build_model_and_tokenizer(config.model, config.seed)
     train_rows, held_out, reward_name = load_rows(config.data, config.seed, ("prompt_completion", "conversational"))
@@ -261,6 +270,8 @@ def run_reward_model(config: RewardModelRun) -> list[dict[str, float]]:
     from posttrain.models.reward import reward_model_from_policy
     from posttrain.train.preference import RewardModelObjective
 
+    check_run_dir(config)
+
     torch.manual_seed(config.seed)
     # the adapters go on the scorer (its head then trains in full), not on the policy it copies
     policy, tokenizer = build_model_and_tokenizer(config.model.model_copy(update={"lora": None}), config.seed)
@@ -288,6 +299,8 @@ def run_reward_model(config: RewardModelRun) -> list[dict[str, float]]:
 
 def run_dpo(config: DPORun) -> list[dict[str, float]]:
     from posttrain.train.preference import DPOObjective
+
+    check_run_dir(config)
 
     torch.manual_seed(config.seed)
     model, tokenizer = build_model_and_tokenizer(config.model, config.seed)

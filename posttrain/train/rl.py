@@ -58,7 +58,6 @@ from posttrain.rollout.engine import build_engine
 from posttrain.rollout.types import SamplingParams
 from posttrain.telemetry import MetricsLogger, Progress, write_report
 from posttrain.train.checkpoint import (
-    latest_checkpoint,
     load_training_state,
     load_weights_into,
     quiet_progress_bars,
@@ -70,6 +69,7 @@ from posttrain.train.recipes import build_model_and_tokenizer, load_rows
 from posttrain.train.rl_batch import RolloutBatch, concat, from_rollouts
 from posttrain.train.rl_checks import StepWarnings, preflight_rewards
 from posttrain.train.rl_config import GROUP_ESTIMATORS, RLRun
+from posttrain.train.run_dir import prepare_run_dir, start_point
 from posttrain.train.sampler import EpochSampler
 from posttrain.train.schedule import lr_multiplier
 
@@ -104,6 +104,8 @@ class OnlineRL:
         echo: Echo = print,
     ) -> None:
         self.config, self.algo, self.echo = config, config.algorithm, echo
+        # the run folder and resume point are checked before any model loads (run_dir.py)
+        start_point(config.output_dir, config.resume, config.overwrite, dump_config(config))
         if config.threads:
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
@@ -221,10 +223,8 @@ class OnlineRL:
     def run(self) -> list[dict[str, float]]:
         """Train for ``config.steps`` steps (resuming if asked); returns per-step metrics."""
         config = self.config
-        self.out.mkdir(parents=True, exist_ok=True)
         config_yaml = dump_config(config)
-        (self.out / "config.yaml").write_text(config_yaml, encoding="utf-8")
-        start = self._maybe_resume()
+        start = self._maybe_resume(prepare_run_dir(self.out, config.resume, config.overwrite, config_yaml, self.echo))
         history: list[dict[str, float]] = []
         logger = MetricsLogger(self.out, resume_step=start if start else None)
         progress = Progress(config.steps, keys=PROGRESS_KEYS, every=config.log_every, label="rl", start=start)
@@ -770,12 +770,8 @@ class OnlineRL:
             training_state=state,
         )
 
-    def _maybe_resume(self) -> int:
-        resume = self.config.resume
-        if resume == "none":
-            return 0
-        checkpoint = latest_checkpoint(self.out) if resume == "auto" else None
-        path = checkpoint.path if checkpoint else (None if resume == "auto" else Path(resume))
+    def _maybe_resume(self, path: Path | None) -> int:
+        """Restore everything from checkpoint ``path``; return its step (0 for a fresh start)."""
         if path is None:
             return 0
         load_weights_into(self.policy, path)
@@ -795,7 +791,7 @@ class OnlineRL:
             self.critic.load_state_dict(state["critic"])
             self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         self.engine.update_weights(int(state["step"]))
-        self.echo(f"[resume] continuing from {path} (step {state['step']})")
+        self.echo(f"[resume] step {state['step']} restored from {path}")
         return int(state["step"])
 
 

@@ -15,8 +15,10 @@ from typing import Any
 
 from torch import Tensor
 
+from posttrain.errors import PosttrainError
 
-class RewardPreflightError(RuntimeError):
+
+class RewardPreflightError(PosttrainError, RuntimeError):
     """A reward function cannot drive learning on the first batch; the message shows why."""
 
 

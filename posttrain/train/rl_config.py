@@ -253,8 +253,12 @@ class RLRun(Section):
     log_every: int = Field(10, ge=1)
     """Print a progress line every this many steps when not on a terminal."""
     resume: str = "none"
-    """"auto": continue from the newest complete checkpoint in output_dir; a path: from that
-    checkpoint; "none": start over."""
+    """"auto": continue from the newest checkpoint in output_dir that verifies (saying which newer
+    ones were skipped; step 0 when there is none yet); a path: from that checkpoint; "none": a new
+    run, refused when output_dir already holds one (see overwrite)."""
+    overwrite: bool = False
+    """With resume "none": delete the run already in output_dir (checkpoints, final model, logs,
+    report) and start over, instead of refusing."""
 
     @model_validator(mode="after")
     def _check_combination(self) -> RLRun:

@@ -114,8 +114,9 @@ def test_reward_model_and_dpo_from_the_command_line(tmp_path):
 def test_a_data_file_of_the_wrong_kind_fails_at_load_time(tmp_path, capsys):
     data = tmp_path / "prompts.jsonl"
     data.write_text('{"prompt": "Reverse the name: sean. Answer:"}\n')
-    from posttrain.data import DataError
-
-    with pytest.raises(DataError, match="prompt"):
-        main(["sft", "--config", "configs/reverse_sft.yaml", *TINY, f"data.path={data}", f"output_dir={tmp_path}"])
+    capsys.readouterr()
+    argv = ["sft", "--config", "configs/reverse_sft.yaml", *TINY, f"data.path={data}", f"output_dir={tmp_path}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("posttrain sft: ") and str(data) in err and "prompt" in err and "Traceback" not in err
     assert not (tmp_path / "checkpoints").exists()
