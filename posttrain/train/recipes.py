@@ -32,6 +32,8 @@ class TinyModel(Section):
     """MLP width (default 4 × hidden)."""
     tokenizer: Literal["char"] = "char"
     """The tokenizer built with it: one token per character."""
+    max_positions: int = Field(2048, ge=16)
+    """Context length (max_position_embeddings): prompt + completion tokens a row may have."""
 
     @model_validator(mode="after")
     def _head_shape(self) -> TinyModel:
@@ -201,6 +203,7 @@ def build_model_and_tokenizer(section: ModelSection, seed: int) -> tuple[Any, An
             hidden=spec.hidden,
             heads=spec.heads,
             intermediate=spec.intermediate,
+            max_positions=spec.max_positions,
             seed=seed,
             tokenizer=tokenizer,
         )
@@ -272,6 +275,23 @@ def _read_rows(
     return task.train, task.held_out, task.reward
 
 
+def encode_within_context(objective: Any, rows: list[dict], section: DataSection, what: str = "rows") -> list[Any]:
+    """``objective.encode`` of every row that fits the model's context (``data/lengths.py``: refused
+    or, with ``data.on_bad_row: skip``, left out)."""
+    from posttrain.data.lengths import context_limit, drop_overlong
+
+    examples = [objective.encode(row) for row in rows]
+    lengths = [max((len(ids) for ids, _ in _sequences(example)), default=0) for example in examples]
+    source = f"{what} of {section.path or f'data.task={section.task}'}"
+    limit = context_limit(objective.model)
+    return drop_overlong(examples, lengths, limit, what=source, on_bad_row=section.on_bad_row)
+
+
+def _sequences(example: Any) -> list[tuple[list[int], list[int]]]:
+    """The token sequences of an encoded example: one (SFT), or chosen and rejected (pairs)."""
+    return [example] if isinstance(example, tuple) else [example.chosen, example.rejected]
+
+
 def run_sft(config: SFTRun) -> list[dict[str, float]]:
     from posttrain.evaluate import evaluate
     from posttrain.rewards import resolve_reward
@@ -284,7 +304,7 @@ def run_sft(config: SFTRun) -> list[dict[str, float]]:
     torch.manual_seed(config.seed)
     model, tokenizer = build_model_and_tokenizer(config.model, config.seed)
     objective = SFTObjective(model, tokenizer)
-    examples = [objective.encode(row) for row in train_rows]
+    examples = encode_within_context(objective, train_rows, config.data)
     evaluate_fn = None
     held_out = held_out if config.eval_size is None else held_out[: config.eval_size]
     if reward_name and held_out:
@@ -326,14 +346,14 @@ def run_reward_model(config: RewardModelRun) -> list[dict[str, float]]:
     scorer = with_lora(reward_model_from_policy(policy, tokenizer.pad_token_id), config.model)
     del policy
     objective = RewardModelObjective(scorer, tokenizer, center_coef=config.center_coef)
-    held_examples = [objective.encode(row) for row in held_out]
+    held_examples = encode_within_context(objective, held_out, config.data, what="held-out rows")
 
     def evaluate_fn() -> dict[str, float]:
         return {"pairwise_accuracy": objective.pairwise_accuracy(held_examples)}
 
     history = train_offline(
         objective,
-        [objective.encode(r) for r in train_rows],
+        encode_within_context(objective, train_rows, config.data),
         config,
         evaluate=evaluate_fn if held_examples else None,
         config_yaml=dump_config(config),
@@ -370,7 +390,7 @@ def run_dpo(config: DPORun) -> list[dict[str, float]]:
     )
     history = train_offline(
         objective,
-        [objective.encode(r) for r in train_rows],
+        encode_within_context(objective, train_rows, config.data),
         config,
         config_yaml=dump_config(config),
         progress_keys=["loss/dpo", "dpo/margin"],

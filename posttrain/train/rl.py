@@ -52,6 +52,7 @@ from posttrain.algos.mismatch import rollout_mismatch, truncated_is_weights
 from posttrain.algos.sampling import dapo_group_filter
 from posttrain.config import ConfigError, dump_config
 from posttrain.data import DataError
+from posttrain.data.lengths import context_limit, drop_overlong
 from posttrain.memory import return_free_memory
 from posttrain.models.logprobs import response_logprobs, shared_prompt_logprobs
 from posttrain.rewards import NamedReward, RewardSet, resolve_reward
@@ -137,7 +138,7 @@ class OnlineRL:
         self.policy, self.tokenizer = model, tokenizer
         self.policy.train()
         self.out = Path(config.output_dir)
-        self.prompt_ids = [encode_prompt(tokenizer, row[self.prompt_column]) for row in self.rows]
+        self.prompt_ids = self._prompts_within_context()
 
         # models around the policy
         self.reference = self._build_reference() if self.algo.kl.needs_reference else None
@@ -173,6 +174,20 @@ class OnlineRL:
         self.warnings = StepWarnings(echo, max_new_tokens=config.max_new_tokens)
 
     # ------------------------------------------------------------------ construction
+    def _prompts_within_context(self) -> list[list[int]]:
+        """Token ids of every training prompt that leaves room for ``max_new_tokens`` in the
+        model's context; the others are refused or skipped by ``data/lengths.py``'s rule (the
+        rows with them, so that a row and its prompt stay aligned)."""
+        config = self.config
+        encoded = [(row, encode_prompt(self.tokenizer, row[self.prompt_column])) for row in self.rows]
+        lengths = [len(ids) + config.max_new_tokens for _, ids in encoded]
+        what = f"prompts (+ max_new_tokens = {config.max_new_tokens}) of {config.data.path or 'the data'}"
+        kept = drop_overlong(
+            encoded, lengths, context_limit(self.policy), what=what, on_bad_row=config.data.on_bad_row, echo=self.echo
+        )
+        self.rows = [row for row, _ in kept]
+        return [ids for _, ids in kept]
+
     def _resolve_rewards(
         self, functions: Sequence[Callable[..., Any] | NamedReward] | None, task_reward: str | None
     ) -> list[NamedReward]:

@@ -179,10 +179,11 @@ def _compare_configs(checkpoint: Path, config_yaml: str | None) -> list[str]:
         return []
     saved = _flatten(yaml.safe_load(saved_file.read_text(encoding="utf-8")) or {})
     new = _flatten(yaml.safe_load(config_yaml) or {})
+    # keys in one config only are options a newer or older posttrain added: not a change the user made
     changed = sorted(
         key
-        for key in saved.keys() | new.keys()
-        if saved.get(key) != new.get(key) and key.split(".")[0] not in IGNORED_ON_RESUME
+        for key in saved.keys() & new.keys()
+        if saved[key] != new[key] and key.split(".")[0] not in IGNORED_ON_RESUME
     )
     fixed = [key for key in changed if key.split(".")[0] in FIXED_ON_RESUME]
     if fixed:

@@ -9,6 +9,7 @@ traceback."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,38 @@ def test_an_invalid_config_is_one_message_naming_the_key(case, tmp_path, saved_m
 @pytest.mark.parametrize("case", ROW_CASES, ids=[case.id for case in ROW_CASES])
 def test_a_malformed_row_is_one_message_naming_file_and_row(case, tmp_path, saved_model, capsys, model_loads):
     check_refused(case, tmp_path, saved_model, capsys, model_loads)
+
+
+LONG = "x" * 300  # the models' context is 256 positions below, and the char tokenizer one token per character
+PAIR = {"prompt": "Say:", "chosen": " ok", "rejected": " no"}
+LONG_ROWS = {
+    "sft": ({"prompt": "Say:", "completion": " ok"}, {"prompt": "Say:", "completion": LONG}),
+    "rm": ({"prompt": "Say:", "chosen": " ok", "rejected": " no"}, {"prompt": LONG, "chosen": " a", "rejected": " b"}),
+    "dpo": (
+        {"prompt": "Say:", "chosen": " ok", "rejected": " no"},
+        {"prompt": "Say:", "chosen": LONG, "rejected": " b"},
+    ),
+    "rl": ({"prompt": "Say:"}, {"prompt": LONG[:250]}),  # 250 + max_new_tokens 16 > 256
+}
+
+
+@pytest.mark.parametrize("command", sorted(LONG_ROWS))
+def test_rows_longer_than_the_context_are_refused_or_skipped_by_the_stated_rule(command, tmp_path, capsys):
+    from tests.cli.bad_inputs import BASE, SMALL_RUN
+
+    good, long = LONG_ROWS[command]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in [good, long, good, good, long, good]))
+    argv = [*BASE[command], *SMALL_RUN, f"data.path={data}", "data.task=null", "model.tiny.max_positions=256"]
+    argv = [arg.replace("{tmp}", str(tmp_path)) for arg in argv]
+    if command == "rl":  # the room a prompt needs is its tokens plus max_new_tokens
+        argv += ["max_new_tokens=16", "rewards=[length]"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "2 of 6 rows" in err or "2 of 6 prompts" in err, err
+    assert "context of 256 tokens" in err and "rows 1, 4" in err and "data.on_bad_row=skip" in err
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+    assert main([*argv, "data.on_bad_row=skip"]) == 0
+    out = capsys.readouterr().out
+    assert "[data] skipped 2 of 6" in out and "rows 1, 4" in out
