@@ -46,6 +46,59 @@ def prompt_ids(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]]) -> lis
     return chat_prompt_ids(tokenizer, prompt)
 
 
+class ChatTemplateError(ValueError):
+    """A conversation the tokenizer's chat template cannot write the way training needs it."""
+
+
+def render_chat(tokenizer: Any, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool) -> str:
+    """The text the chat template writes for `messages`; a template that refuses them (e.g.
+    "roles must alternate") raises :class:`ChatTemplateError` with its own words."""
+    from jinja2.exceptions import TemplateError
+
+    ensure_chat_template(tokenizer)
+    try:
+        return tokenizer.apply_chat_template(
+            list(messages), add_generation_prompt=add_generation_prompt, tokenize=False
+        )
+    except TemplateError as error:
+        raise ChatTemplateError(f"the tokenizer's chat template refuses this conversation: {error}") from None
+
+
+def reply_ids(
+    tokenizer: Any, prompt: Sequence[Mapping[str, str]], response: Sequence[Mapping[str, str]]
+) -> tuple[list[int], list[int]]:
+    """(prompt ids, response ids) of a conversational reply for SFT, reward models and DPO.
+
+    The prompt is encoded as a sampler continues from it (:func:`chat_prompt_ids`: the chat
+    template with the assistant's turn opened) and the final assistant message as its text
+    plus EOS: the tokens a rollout produces, so what offline training teaches or scores is
+    what RL later generates. Messages of the response before its final one (a tool call and
+    its result) are written by the template, as TRL does: the text the template adds after
+    the prompt, tokenised on its own.
+
+    As TRL checks (``maybe_apply_chat_template``), the rendered prompt must be a prefix of the
+    rendered conversation: a template whose generation prompt differs from the way it writes
+    an assistant's turn (or that rewrites earlier turns once a reply follows) would train a
+    reply after text the template never shows the model; that is refused.
+    """
+    history = [*prompt, *response[:-1]]
+    start = render_chat(tokenizer, prompt, add_generation_prompt=True)
+    opened = render_chat(tokenizer, history, add_generation_prompt=True)
+    whole = render_chat(tokenizer, [*prompt, *response], add_generation_prompt=False)
+    for before, after in ((start, opened), (opened, whole)):
+        if not after.startswith(before):
+            same = next((i for i, (a, b) in enumerate(zip(before, after, strict=False)) if a != b), len(after))
+            raise ChatTemplateError(
+                "the chat template writes the prompt differently once the reply follows: with the assistant's "
+                f"turn opened it reads {before[same:][:40]!r} where the written conversation reads "
+                f"{after[same:][:40]!r}; use a tokenizer whose generation prompt opens the assistant's turn as its "
+                "written turns do, or give the rows as text"
+            )
+    middle = tokenizer(opened[len(start) :], add_special_tokens=False)["input_ids"] if len(response) > 1 else []
+    reply = tokenizer(response[-1]["content"], add_special_tokens=False)["input_ids"]
+    return chat_prompt_ids(tokenizer, prompt), [*middle, *reply, tokenizer.eos_token_id]
+
+
 def split_conversation(messages: Sequence[Mapping[str, str]]) -> tuple[list[Mapping[str, str]], str]:
     """(messages before the last assistant turn, that turn's text) for SFT on conversations."""
     if not messages or messages[-1].get("role") != "assistant":

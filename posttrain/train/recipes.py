@@ -11,7 +11,7 @@ import torch
 from pydantic import Field, field_validator, model_validator
 
 from posttrain.config import Section, dump_config
-from posttrain.data import read_dataset
+from posttrain.data import DataError, Rows, read_dataset
 from posttrain.data.tasks import get_task
 from posttrain.train.offline import LoopConfig, train_offline
 
@@ -202,12 +202,40 @@ def load_rows(
         from posttrain.data.prompt_templates import template_rows
 
         template, column = section.prompt_template, section.prompt_column
-        train, held_out = template_rows(train, template, column), template_rows(held_out, template, column)
+        train = _same_places(train, template_rows(train, template, column))
+        held_out = _same_places(held_out, template_rows(held_out, template, column))
     if section.chat_template:
         from posttrain.data.prompt_templates import chat_rows
 
-        train, held_out = chat_rows(train, section.prompt_column), chat_rows(held_out, section.prompt_column)
+        train = _same_places(train, chat_rows(train, section.prompt_column))
+        held_out = _same_places(held_out, chat_rows(held_out, section.prompt_column))
     return train, held_out, reward
+
+
+def _same_places(rows: list[dict], new: list[dict]) -> list[dict]:
+    """`new` (copies of `rows`, transformed) still naming the file rows they came from."""
+    return rows.replaced(new) if isinstance(rows, Rows) else new
+
+
+def data_source(section: DataSection, held_out: bool = False) -> str:
+    """How an error names where rows came from: the file, or the task that made them."""
+    path = section.eval_path if held_out else section.path
+    return path if path is not None else f"data.task={section.task}"
+
+
+def encode_rows(objective: Any, rows: list[dict], source: str) -> list[Any]:
+    """``objective.encode`` of every row; a row the tokenizer's chat template cannot write as
+    training needs it (``models/chat.py``) is a data error naming the file and row."""
+    from posttrain.models.chat import ChatTemplateError
+
+    where = rows.where if isinstance(rows, Rows) else (lambda index: f"row {index}")
+    examples = []
+    for index, row in enumerate(rows):
+        try:
+            examples.append(objective.encode(row))
+        except ChatTemplateError as error:
+            raise DataError(f"{source}, {where(index)}: {error}") from None
+    return examples
 
 
 def _read_rows(
@@ -238,7 +266,7 @@ def run_sft(config: SFTRun) -> list[dict[str, float]]:
     model, tokenizer = build_model_and_tokenizer(config.model, config.seed)
     train_rows, held_out, reward_name = load_rows(config.data, config.seed, ("prompt_completion", "conversational"))
     objective = SFTObjective(model, tokenizer)
-    examples = [objective.encode(row) for row in train_rows]
+    examples = encode_rows(objective, train_rows, data_source(config.data))
     evaluate_fn = None
     held_out = held_out if config.eval_size is None else held_out[: config.eval_size]
     if reward_name and held_out:
@@ -279,14 +307,14 @@ def run_reward_model(config: RewardModelRun) -> list[dict[str, float]]:
     del policy
     train_rows, held_out, _ = load_rows(config.data, config.seed, ("preference",))
     objective = RewardModelObjective(scorer, tokenizer, center_coef=config.center_coef)
-    held_examples = [objective.encode(row) for row in held_out]
+    held_examples = encode_rows(objective, held_out, data_source(config.data, held_out=True))
 
     def evaluate_fn() -> dict[str, float]:
         return {"pairwise_accuracy": objective.pairwise_accuracy(held_examples)}
 
     history = train_offline(
         objective,
-        [objective.encode(r) for r in train_rows],
+        encode_rows(objective, train_rows, data_source(config.data)),
         config,
         evaluate=evaluate_fn if held_examples else None,
         config_yaml=dump_config(config),
@@ -322,7 +350,7 @@ def run_dpo(config: DPORun) -> list[dict[str, float]]:
     )
     history = train_offline(
         objective,
-        [objective.encode(r) for r in train_rows],
+        encode_rows(objective, train_rows, data_source(config.data)),
         config,
         config_yaml=dump_config(config),
         progress_keys=["loss/dpo", "dpo/margin"],
