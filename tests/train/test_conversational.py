@@ -231,6 +231,12 @@ def test_a_chat_template_that_opens_the_reply_otherwise_is_refused_naming_the_ro
     err = capsys.readouterr().err.splitlines()[-1]  # after the weights' loading bar
     assert err.startswith(f"posttrain dpo: {data}, row 0 (line 1): the chat template writes the prompt differently")
     assert "'bot|>'" in err and "'assistant|>nice calm" in err
+    # rows skipped by validation do not shift the row named (nor does a blank line the line)
+    bad = {"prompt": [user("Hi.")], "chosen": [assistant("yes")]}
+    (tmp_path / "pairs.jsonl").write_text(json.dumps(bad) + "\n\n" + data.read_text())
+    assert main([*argv, "data.on_bad_row=skip", f"output_dir={tmp_path / 'out2'}"]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith(f"posttrain dpo: {data}, row 1 (line 3): the chat template writes the prompt differently")
 
 
 def test_sft_trains_on_conversational_prompt_completion_rows(tmp_path):
