@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from posttrain.errors import PosttrainError
+
 # A ChatML-like template with short markers (they must be encodable by the character
 # tokenizer, whose charset includes < > | and newline). `add_generation_prompt` opens the
 # assistant's turn so that generation continues as the assistant.
@@ -19,6 +21,11 @@ DEFAULT_CHAT_TEMPLATE = (
 CHAT_MARKERS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
 
 
+class ChatTemplateError(PosttrainError, ValueError):
+    """A conversation the tokenizer's chat template cannot write the way training needs it.
+    Callers that know the row wrap it in a ``DataError`` naming the file and row."""
+
+
 def ensure_chat_template(tokenizer: Any) -> Any:
     """Give a tokenizer without a chat template posttrain's default one; keep an existing one."""
     if not getattr(tokenizer, "chat_template", None):
@@ -31,8 +38,13 @@ def chat_prompt_ids(
 ) -> list[int]:
     """Token ids of a conversation, by default up to and including the opening of the
     assistant's turn (what a sampler continues from). No BOS/EOS beyond what the template writes."""
+    from jinja2.exceptions import TemplateError
+
     ensure_chat_template(tokenizer)
-    ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt, tokenize=True)
+    try:
+        ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt, tokenize=True)
+    except TemplateError as error:
+        raise ChatTemplateError(f"the tokenizer's chat template refuses this conversation: {error}") from None
     if isinstance(ids, Mapping):  # transformers 5 returns a BatchEncoding
         ids = ids["input_ids"]
     return list(ids)
@@ -44,10 +56,6 @@ def prompt_ids(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]]) -> lis
     if isinstance(prompt, str):
         return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
     return chat_prompt_ids(tokenizer, prompt)
-
-
-class ChatTemplateError(ValueError):
-    """A conversation the tokenizer's chat template cannot write the way training needs it."""
 
 
 def render_chat(tokenizer: Any, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool) -> str:

@@ -4,8 +4,9 @@ names, then hand them to the offline loop. Every option is documented once, here
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 from pydantic import Field, field_validator, model_validator
@@ -14,6 +15,8 @@ from posttrain.config import Section, dump_config
 from posttrain.data import DataError, Rows, read_dataset
 from posttrain.data.tasks import get_task
 from posttrain.train.offline import LoopConfig, train_offline
+
+T = TypeVar("T")
 
 
 class TinyModel(Section):
@@ -223,16 +226,17 @@ def data_source(section: DataSection, held_out: bool = False) -> str:
     return path if path is not None else f"data.task={section.task}"
 
 
-def encode_rows(objective: Any, rows: list[dict], source: str) -> list[Any]:
-    """``objective.encode`` of every row; a row the tokenizer's chat template cannot write as
-    training needs it (``models/chat.py``) is a data error naming the file and row."""
+def encode_rows(encode: Callable[[dict], T], rows: Sequence[dict], source: str) -> list[T]:
+    """``encode(row)`` of every row (an objective's ``encode``, RL's prompt encoding); a row the
+    tokenizer's chat template cannot write as training needs it (``models/chat.py``) is a
+    data error naming the file and row."""
     from posttrain.models.chat import ChatTemplateError
 
     where = rows.where if isinstance(rows, Rows) else (lambda index: f"row {index}")
     examples = []
     for index, row in enumerate(rows):
         try:
-            examples.append(objective.encode(row))
+            examples.append(encode(row))
         except ChatTemplateError as error:
             raise DataError(f"{source}, {where(index)}: {error}") from None
     return examples
@@ -266,7 +270,7 @@ def run_sft(config: SFTRun) -> list[dict[str, float]]:
     model, tokenizer = build_model_and_tokenizer(config.model, config.seed)
     train_rows, held_out, reward_name = load_rows(config.data, config.seed, ("prompt_completion", "conversational"))
     objective = SFTObjective(model, tokenizer)
-    examples = encode_rows(objective, train_rows, data_source(config.data))
+    examples = encode_rows(objective.encode, train_rows, data_source(config.data))
     evaluate_fn = None
     held_out = held_out if config.eval_size is None else held_out[: config.eval_size]
     if reward_name and held_out:
@@ -307,14 +311,14 @@ def run_reward_model(config: RewardModelRun) -> list[dict[str, float]]:
     del policy
     train_rows, held_out, _ = load_rows(config.data, config.seed, ("preference",))
     objective = RewardModelObjective(scorer, tokenizer, center_coef=config.center_coef)
-    held_examples = encode_rows(objective, held_out, data_source(config.data, held_out=True))
+    held_examples = encode_rows(objective.encode, held_out, data_source(config.data, held_out=True))
 
     def evaluate_fn() -> dict[str, float]:
         return {"pairwise_accuracy": objective.pairwise_accuracy(held_examples)}
 
     history = train_offline(
         objective,
-        encode_rows(objective, train_rows, data_source(config.data)),
+        encode_rows(objective.encode, train_rows, data_source(config.data)),
         config,
         evaluate=evaluate_fn if held_examples else None,
         config_yaml=dump_config(config),
@@ -350,7 +354,7 @@ def run_dpo(config: DPORun) -> list[dict[str, float]]:
     )
     history = train_offline(
         objective,
-        encode_rows(objective, train_rows, data_source(config.data)),
+        encode_rows(objective.encode, train_rows, data_source(config.data)),
         config,
         config_yaml=dump_config(config),
         progress_keys=["loss/dpo", "dpo/margin"],

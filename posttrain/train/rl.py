@@ -65,7 +65,7 @@ from posttrain.train.checkpoint import (
     save_final,
 )
 from posttrain.train.offline import TrainingDiverged
-from posttrain.train.recipes import build_model_and_tokenizer, load_rows
+from posttrain.train.recipes import build_model_and_tokenizer, data_source, encode_rows, load_rows
 from posttrain.train.rl_batch import RolloutBatch, concat, from_rollouts
 from posttrain.train.rl_checks import StepWarnings, preflight_rewards
 from posttrain.train.rl_config import GROUP_ESTIMATORS, RLRun
@@ -126,7 +126,9 @@ class OnlineRL:
         missing = [i for i, row in enumerate(self.rows[:1000]) if self.prompt_column not in row]
         if missing:
             raise ValueError(f"data row {missing[0]} has no {self.prompt_column!r} column (data.prompt_column)")
-        self.prompt_ids = [encode_prompt(tokenizer, row[self.prompt_column]) for row in self.rows]
+        self.prompt_ids = encode_rows(
+            lambda row: encode_prompt(tokenizer, row[self.prompt_column]), train_rows, data_source(config.data)
+        )
         self.rewards = RewardSet(
             self._resolve_rewards(reward_functions, task_reward),
             workers=config.reward_workers,

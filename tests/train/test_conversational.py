@@ -134,6 +134,27 @@ def test_trl_reward_functions_run_unchanged_on_standard_and_conversational_promp
     assert history[0]["reward/reward_len/mean"] == pytest.approx(sum(expected) / len(expected))
 
 
+def test_an_rl_prompt_the_chat_template_refuses_is_one_message_naming_the_row(tmp_path, capsys):
+    from posttrain.data import DataError
+    from posttrain.models.tiny import build_tiny_causal_lm
+
+    tokenizer = build_char_tokenizer()
+    # as Gemma's and Mistral's templates do for a role they do not know
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+        "{% endif %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    model = build_tiny_causal_lm(len(tokenizer), layers=1, hidden=32, heads=2, seed=0, tokenizer=tokenizer)
+    rows = [{"prompt": [user(f"Reverse {name}.")]} for name in NAMES]
+    rows[2]["prompt"] = [{"role": "system", "content": "Be brief."}, *rows[2]["prompt"]]
+    data = write_jsonl(tmp_path / "prompts.jsonl", rows)
+    config = load_rl_config(None, [*TINY, f"data.path={data}", "reward_workers=0", f"output_dir={tmp_path / 'o'}"])
+    expected = f"{data}, row 2 (line 3): the tokenizer's chat template refuses this conversation: System role not"
+    with pytest.raises(DataError, match=re.escape(expected)):
+        OnlineRL(config, model=model, tokenizer=tokenizer, reward_functions=[reward_len], echo=lambda line: None)
+
+
 # ---------------------------------------------------------------- preference rows as messages
 
 
