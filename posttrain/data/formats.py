@@ -15,9 +15,10 @@ Prompts, completions, chosen and rejected may each be text or a list of messages
 conversational form: the prompt holds the turns so far, the response the assistant's turn,
 starting with it), but one row does not mix the two.
 
-Covers: missing columns, wrong types, malformed messages, unknown roles, empty responses,
-identical chosen/rejected, non-numeric margins. Does not cover: whether the text suits the
-tokenizer or fits the context length (the trainer checks those where it tokenizes).
+Covers: missing columns, wrong types, malformed messages, unknown roles, empty responses
+(and empty prompts of prompt-only rows, which RL samples from), identical chosen/rejected,
+non-numeric margins. Does not cover: whether the text suits the tokenizer or fits the context
+length (the trainer checks those where it tokenizes).
 """
 
 from __future__ import annotations
@@ -170,7 +171,17 @@ def check_row(row: Mapping[str, Any], data_format: str, prompt_column: str = "pr
         problem = _value_problem(name, column, row[column])
         if problem is not None:
             return problem
+    if data_format == "prompt" and _blank(row[columns["prompt"]]):
+        # RL samples a completion of it: an empty prompt conditions on nothing but BOS
+        return Problem(columns["prompt"], "empty {field}", "empty prompt; RL needs a prompt to sample a completion of")
     return _pair_problem(row, data_format, columns)
+
+
+def _blank(value: str | list[Mapping[str, Any]]) -> bool:
+    """Text, or every message's content, is whitespace only."""
+    if isinstance(value, str):
+        return not value.strip()
+    return all(not message["content"].strip() for message in value)
 
 
 def _value_problem(name: str, column: str, value: Any) -> Problem | None:

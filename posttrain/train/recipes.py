@@ -11,8 +11,9 @@ from typing import Any, Literal, TypeVar
 import torch
 from pydantic import Field, field_validator, model_validator
 
-from posttrain.config import Section, dump_config
-from posttrain.data import DataError, Rows, read_dataset
+from posttrain.algos.registry import UnknownNameError
+from posttrain.config import ConfigError, Section, dump_config
+from posttrain.data import DataError, Rows, detect_format, read_dataset
 from posttrain.data.tasks import get_task
 from posttrain.train.offline import LoopConfig, train_offline
 
@@ -30,10 +31,20 @@ class TinyModel(Section):
     """Hidden size."""
     heads: int = Field(4, ge=1)
     """Attention heads."""
-    intermediate: int | None = None
+    intermediate: int | None = Field(None, ge=1)
     """MLP width (default 4 × hidden)."""
     tokenizer: Literal["char"] = "char"
     """The tokenizer built with it: one token per character."""
+
+    @model_validator(mode="after")
+    def _head_shape(self) -> TinyModel:
+        # each head takes hidden / heads channels, and rotary embeddings rotate them in pairs
+        if self.hidden % self.heads or (self.hidden // self.heads) % 2:
+            raise ValueError(
+                f"model.tiny.hidden ({self.hidden}) must be divisible by model.tiny.heads ({self.heads}) "
+                "into an even width per head (rotary embeddings rotate channel pairs)"
+            )
+        return self
 
 
 class LoraSection(Section):
@@ -112,6 +123,10 @@ class DataSection(Section):
     def _one_source(self) -> DataSection:
         if self.path is None and self.task is None:
             raise ValueError("set data.path (a local file or folder) or data.task (a built-in task)")
+        # both read files only: with a task they would be silently ignored
+        for key in ("eval_path", "split"):
+            if getattr(self, key) is not None and self.path is None:
+                raise ValueError(f"data.{key} applies to data.path, which is not set (data.task = {self.task!r})")
         return self
 
 
@@ -158,6 +173,19 @@ def check_run_dir(config: LoopConfig) -> None:
     start_point(config.output_dir, config.resume, config.overwrite, dump_config(config))
 
 
+def check_model_source(section: ModelSection) -> None:
+    """A model folder that cannot load is refused here, before data is read or anything is
+    built: its config.json is read (no weights), and the message names ``model.path``."""
+    if section.path is None:
+        return
+    from posttrain.models.loading import ModelLoadError, read_config
+
+    try:
+        read_config(section.path)
+    except ModelLoadError as error:
+        raise ModelLoadError(f"model.path: {error}") from None
+
+
 def build_model_and_tokenizer(section: ModelSection, seed: int) -> tuple[Any, Any]:
     from posttrain.models.loading import load_causal_lm, load_tokenizer
     from posttrain.models.tiny import build_tiny_causal_lm
@@ -189,7 +217,16 @@ def with_lora(model: Any, section: ModelSection) -> Any:
     from posttrain.models.lora import apply_lora
 
     lora = section.lora
-    return apply_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=lora.target_modules)
+    try:
+        return apply_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=lora.target_modules)
+    except ValueError as error:  # peft: no module matches target_modules
+        layers = sorted(
+            {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+        )
+        raise ConfigError(
+            f"model.lora.target_modules = {lora.target_modules!r} matches no layer of this model ({error}); "
+            f"its linear layers: {', '.join(layers)}, or 'all-linear'"
+        ) from None
 
 
 def load_rows(
@@ -255,7 +292,15 @@ def _read_rows(
         }
         held_out = read_dataset(section.eval_path, **options) if section.eval_path else []
         return read_dataset(section.path, **options), held_out, None
-    task = get_task(section.task, section.task_options)(section.n_train, section.n_eval, seed)
+    try:
+        task = get_task(section.task, section.task_options)(section.n_train, section.n_eval, seed)
+    except (DataError, UnknownNameError) as error:
+        sizes = f"data.n_train = {section.n_train}, data.n_eval = {section.n_eval}"
+        raise DataError(f"data.task = {section.task!r} ({sizes}): {error}") from None
+    found = detect_format(list(task.train[0])) if task.train else None
+    if allowed_formats is not None and found not in allowed_formats:
+        needed = " or ".join(map(repr, allowed_formats))
+        raise DataError(f"data.task = {section.task!r} makes {found!r} rows, but this run needs {needed}")
     return task.train, task.held_out, task.reward
 
 
@@ -265,10 +310,11 @@ def run_sft(config: SFTRun) -> list[dict[str, float]]:
     from posttrain.train.sft import SFTObjective
 
     check_run_dir(config)
+    check_model_source(config.model)
+    train_rows, held_out, reward_name = load_rows(config.data, config.seed, ("prompt_completion", "conversational"))
 
     torch.manual_seed(config.seed)
     model, tokenizer = build_model_and_tokenizer(config.model, config.seed)
-    train_rows, held_out, reward_name = load_rows(config.data, config.seed, ("prompt_completion", "conversational"))
     objective = SFTObjective(model, tokenizer)
     examples = encode_rows(objective.encode, train_rows, data_source(config.data))
     evaluate_fn = None
@@ -303,13 +349,14 @@ def run_reward_model(config: RewardModelRun) -> list[dict[str, float]]:
     from posttrain.train.preference import RewardModelObjective
 
     check_run_dir(config)
+    check_model_source(config.model)
+    train_rows, held_out, _ = load_rows(config.data, config.seed, ("preference",))
 
     torch.manual_seed(config.seed)
     # the adapters go on the scorer (its head then trains in full), not on the policy it copies
     policy, tokenizer = build_model_and_tokenizer(config.model.model_copy(update={"lora": None}), config.seed)
     scorer = with_lora(reward_model_from_policy(policy, tokenizer.pad_token_id), config.model)
     del policy
-    train_rows, held_out, _ = load_rows(config.data, config.seed, ("preference",))
     objective = RewardModelObjective(scorer, tokenizer, center_coef=config.center_coef)
     held_examples = encode_rows(objective.encode, held_out, data_source(config.data, held_out=True))
 
@@ -333,10 +380,11 @@ def run_dpo(config: DPORun) -> list[dict[str, float]]:
     from posttrain.train.preference import DPOObjective
 
     check_run_dir(config)
+    check_model_source(config.model)
+    train_rows, _, _ = load_rows(config.data, config.seed, ("preference",))
 
     torch.manual_seed(config.seed)
     model, tokenizer = build_model_and_tokenizer(config.model, config.seed)
-    train_rows, _, _ = load_rows(config.data, config.seed, ("preference",))
     reference_context = None
     if config.model.lora is not None:
         from posttrain.models.lora import reference_policy

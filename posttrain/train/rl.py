@@ -50,7 +50,8 @@ from posttrain.algos import (
 )
 from posttrain.algos.mismatch import rollout_mismatch, truncated_is_weights
 from posttrain.algos.sampling import dapo_group_filter
-from posttrain.config import dump_config
+from posttrain.config import ConfigError, dump_config
+from posttrain.data import DataError
 from posttrain.memory import return_free_memory
 from posttrain.models.logprobs import response_logprobs, shared_prompt_logprobs
 from posttrain.rewards import NamedReward, RewardSet, resolve_reward
@@ -65,7 +66,13 @@ from posttrain.train.checkpoint import (
     save_final,
 )
 from posttrain.train.offline import TrainingDiverged
-from posttrain.train.recipes import build_model_and_tokenizer, data_source, encode_rows, load_rows
+from posttrain.train.recipes import (
+    build_model_and_tokenizer,
+    check_model_source,
+    data_source,
+    encode_rows,
+    load_rows,
+)
 from posttrain.train.rl_batch import RolloutBatch, concat, from_rollouts
 from posttrain.train.rl_checks import StepWarnings, preflight_rewards
 from posttrain.train.rl_config import GROUP_ESTIMATORS, RLRun
@@ -104,16 +111,14 @@ class OnlineRL:
         echo: Echo = print,
     ) -> None:
         self.config, self.algo, self.echo = config, config.algorithm, echo
-        # the run folder and resume point are checked before any model loads (run_dir.py)
+        # everything a user can get wrong is checked before the policy loads: the run folder and
+        # resume point (run_dir.py), the model folder, the data, the reward functions
         start_point(config.output_dir, config.resume, config.overwrite, dump_config(config))
+        if model is None:
+            check_model_source(config.model)
         if config.threads:
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
-        if model is None:
-            model, tokenizer = build_model_and_tokenizer(config.model, config.seed)
-        self.policy, self.tokenizer = model, tokenizer
-        self.policy.train()
-        self.out = Path(config.output_dir)
 
         # data: rows with a prompt; any other column reaches the reward functions
         task_reward = None
@@ -123,16 +128,23 @@ class OnlineRL:
         self.rows = list(train_rows)
         self.held_out = list(held_out_rows or [])[: config.eval_size]
         self.prompt_column = config.data.prompt_column
-        missing = [i for i, row in enumerate(self.rows[:1000]) if self.prompt_column not in row]
+        missing = [i for i, row in enumerate(self.rows) if self.prompt_column not in row]
         if missing:
-            raise ValueError(f"data row {missing[0]} has no {self.prompt_column!r} column (data.prompt_column)")
-        self.prompt_ids = encode_rows(
-            lambda row: encode_prompt(tokenizer, row[self.prompt_column]), train_rows, data_source(config.data)
-        )
+            raise DataError(f"data row {missing[0]} has no {self.prompt_column!r} column (data.prompt_column)")
         self.rewards = RewardSet(
             self._resolve_rewards(reward_functions, task_reward),
             workers=config.reward_workers,
             timeout_s=config.reward_timeout,
+        )
+
+        torch.manual_seed(config.seed)  # the policy's initial weights do not depend on the rewards built
+        if model is None:
+            model, tokenizer = build_model_and_tokenizer(config.model, config.seed)
+        self.policy, self.tokenizer = model, tokenizer
+        self.policy.train()
+        self.out = Path(config.output_dir)
+        self.prompt_ids = encode_rows(
+            lambda row: encode_prompt(tokenizer, row[self.prompt_column]), train_rows, data_source(config.data)
         )
 
         # models around the policy
@@ -176,15 +188,23 @@ class OnlineRL:
         specs: list[Any] = list(functions) if functions is not None else list(config.rewards)
         if not specs:
             if task_reward is None:
-                raise ValueError("no reward functions: set rewards (built-in names or pkg.module:fn paths)")
+                raise ConfigError(
+                    "no reward functions: the rows of data.path have no built-in reward; set rewards "
+                    "(built-in names or pkg.module:fn paths)"
+                )
             specs = [task_reward]
         weights = config.reward_weights or [1.0] * len(specs)
         if len(weights) != len(specs):
-            raise ValueError(f"reward_weights has {len(weights)} entries for {len(specs)} reward functions")
-        return [
+            raise ConfigError(f"reward_weights has {len(weights)} entries for {len(specs)} reward functions")
+        rewards = [
             spec if isinstance(spec, NamedReward) else resolve_reward(spec, weight)
             for spec, weight in zip(specs, weights, strict=True)
         ]
+        names = [reward.name for reward in rewards]
+        unknown = [name for name in config.allow_constant_reward if name not in names]
+        if unknown:
+            raise ConfigError(f"allow_constant_reward names {unknown}, which are not rewards of this run: {names}")
+        return rewards
 
     def _build_reference(self) -> nn.Module | None:
         """The KL anchor: the initial policy. With LoRA it is the same model with adapters
