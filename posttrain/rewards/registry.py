@@ -5,8 +5,12 @@ A reward function follows TRL's signature (DESIGN.md, public contract)::
     fn(prompts, completions, completion_ids, **columns) -> list[float | None]
 
 ``columns`` holds every other dataset column of the rows being scored, aligned with
-``completions``. ``None`` means "not applicable / could not be computed" and is masked out,
-never read as 0. A function may instead return a :class:`RewardOutput` to log extra metrics.
+``completions``. As in TRL's GRPOTrainer, a row whose prompt is a conversation (a list of
+``{"role", "content"}`` messages) gets its prompt as those messages and its completion as one
+assistant message, ``[{"role": "assistant", "content": text}]`` (:func:`reward_completions`);
+a text prompt gets text. So ``completion[0]["content"]`` written for TRL works unchanged.
+``None`` means "not applicable / could not be computed" and is masked out, never read as 0.
+A function may instead return a :class:`RewardOutput` to log extra metrics.
 ``async def`` functions are awaited.
 
 A config names a reward as a built-in (``"math"``), a dotted path importable from the working
@@ -48,6 +52,26 @@ register_reward = REWARDS.register
 class RewardSpecError(PosttrainError, ValueError):
     """A reward entry of a config that cannot be resolved (a path that does not import, an
     option the function does not take); the message names the entry."""
+
+
+def reward_completions(prompts: Sequence[Any], completions: Sequence[Any]) -> list[Any]:
+    """The completions as a reward function receives them: a decoded text after a
+    conversational prompt becomes ``[{"role": "assistant", "content": text}]`` (TRL,
+    ``GRPOTrainer._generate_and_score_completions``); after a text prompt it stays text.
+    Completions already given as messages are kept. Decided per row, so a batch mixing
+    both kinds of prompt gives each function what TRL would give it row by row."""
+    return [
+        [{"role": "assistant", "content": completion}]
+        if isinstance(completion, str) and _is_chat(prompt)
+        else completion
+        for prompt, completion in zip(prompts, completions, strict=True)
+    ]
+
+
+def _is_chat(prompt: Any) -> bool:
+    return (
+        isinstance(prompt, Sequence) and not isinstance(prompt, str) and bool(prompt) and isinstance(prompt[0], Mapping)
+    )
 
 
 @dataclass

@@ -4,17 +4,20 @@ names, then hand them to the offline loop. Every option is documented once, here
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 from pydantic import Field, field_validator, model_validator
 
 from posttrain.algos.registry import UnknownNameError
 from posttrain.config import ConfigError, Section, dump_config
-from posttrain.data import DataError, detect_format, read_dataset
+from posttrain.data import DataError, Rows, detect_format, read_dataset
 from posttrain.data.tasks import get_task
 from posttrain.train.offline import LoopConfig, train_offline
+
+T = TypeVar("T")
 
 
 class TinyModel(Section):
@@ -242,12 +245,41 @@ def load_rows(
         from posttrain.data.prompt_templates import template_rows
 
         template, column = section.prompt_template, section.prompt_column
-        train, held_out = template_rows(train, template, column), template_rows(held_out, template, column)
+        train = _same_places(train, template_rows(train, template, column))
+        held_out = _same_places(held_out, template_rows(held_out, template, column))
     if section.chat_template:
         from posttrain.data.prompt_templates import chat_rows
 
-        train, held_out = chat_rows(train, section.prompt_column), chat_rows(held_out, section.prompt_column)
+        train = _same_places(train, chat_rows(train, section.prompt_column))
+        held_out = _same_places(held_out, chat_rows(held_out, section.prompt_column))
     return train, held_out, reward
+
+
+def _same_places(rows: list[dict], new: list[dict]) -> list[dict]:
+    """`new` (copies of `rows`, transformed) still naming the file rows they came from."""
+    return rows.replaced(new) if isinstance(rows, Rows) else new
+
+
+def data_source(section: DataSection, held_out: bool = False) -> str:
+    """How an error names where rows came from: the file, or the task that made them."""
+    path = section.eval_path if held_out else section.path
+    return path if path is not None else f"data.task={section.task}"
+
+
+def encode_rows(encode: Callable[[dict], T], rows: Sequence[dict], source: str) -> list[T]:
+    """``encode(row)`` of every row (an objective's ``encode``, RL's prompt encoding); a row the
+    tokenizer's chat template cannot write as training needs it (``models/chat.py``) is a
+    data error naming the file and row."""
+    from posttrain.models.chat import ChatTemplateError
+
+    where = rows.where if isinstance(rows, Rows) else (lambda index: f"row {index}")
+    examples = []
+    for index, row in enumerate(rows):
+        try:
+            examples.append(encode(row))
+        except ChatTemplateError as error:
+            raise DataError(f"{source}, {where(index)}: {error}") from None
+    return examples
 
 
 def _read_rows(
@@ -275,16 +307,16 @@ def _read_rows(
     return task.train, task.held_out, task.reward
 
 
-def encode_within_context(objective: Any, rows: list[dict], section: DataSection, what: str = "rows") -> list[Any]:
-    """``objective.encode`` of every row that fits the model's context (``data/lengths.py``: refused
-    or, with ``data.on_bad_row: skip``, left out)."""
+def encode_within_context(objective: Any, rows: Sequence[dict], section: DataSection, held_out: bool = False) -> list:
+    """``objective.encode`` of every row (:func:`encode_rows`) that fits the model's context
+    (``data/lengths.py``: refused or, with ``data.on_bad_row: skip``, left out)."""
     from posttrain.data.lengths import context_limit, drop_overlong
 
-    examples = [objective.encode(row) for row in rows]
-    lengths = [max((len(ids) for ids, _ in _sequences(example)), default=0) for example in examples]
-    source = f"{what} of {section.path or f'data.task={section.task}'}"
-    limit = context_limit(objective.model)
-    return drop_overlong(examples, lengths, limit, what=source, on_bad_row=section.on_bad_row)
+    source = data_source(section, held_out)
+    examples = encode_rows(objective.encode, rows, source)
+    lengths = [max(len(ids) for ids, _ in _sequences(example)) for example in examples]
+    what = f"{'held-out ' if held_out else ''}rows of {source}"
+    return drop_overlong(examples, lengths, context_limit(objective.model), what=what, on_bad_row=section.on_bad_row)
 
 
 def _sequences(example: Any) -> list[tuple[list[int], list[int]]]:
@@ -346,7 +378,7 @@ def run_reward_model(config: RewardModelRun) -> list[dict[str, float]]:
     scorer = with_lora(reward_model_from_policy(policy, tokenizer.pad_token_id), config.model)
     del policy
     objective = RewardModelObjective(scorer, tokenizer, center_coef=config.center_coef)
-    held_examples = encode_within_context(objective, held_out, config.data, what="held-out rows")
+    held_examples = encode_within_context(objective, held_out, config.data, held_out=True)
 
     def evaluate_fn() -> dict[str, float]:
         return {"pairwise_accuracy": objective.pairwise_accuracy(held_examples)}

@@ -67,7 +67,13 @@ from posttrain.train.checkpoint import (
     save_final,
 )
 from posttrain.train.offline import TrainingDiverged
-from posttrain.train.recipes import build_model_and_tokenizer, check_model_source, load_rows
+from posttrain.train.recipes import (
+    build_model_and_tokenizer,
+    check_model_source,
+    data_source,
+    encode_rows,
+    load_rows,
+)
 from posttrain.train.rl_batch import RolloutBatch, concat, from_rollouts
 from posttrain.train.rl_checks import StepWarnings, preflight_rewards
 from posttrain.train.rl_config import GROUP_ESTIMATORS, RLRun
@@ -138,7 +144,7 @@ class OnlineRL:
         self.policy, self.tokenizer = model, tokenizer
         self.policy.train()
         self.out = Path(config.output_dir)
-        self.prompt_ids = self._prompts_within_context()
+        self.prompt_ids = self._prompts_within_context(train_rows)
 
         # models around the policy
         self.reference = self._build_reference() if self.algo.kl.needs_reference else None
@@ -174,16 +180,23 @@ class OnlineRL:
         self.warnings = StepWarnings(echo, max_new_tokens=config.max_new_tokens)
 
     # ------------------------------------------------------------------ construction
-    def _prompts_within_context(self) -> list[list[int]]:
-        """Token ids of every training prompt that leaves room for ``max_new_tokens`` in the
-        model's context; the others are refused or skipped by ``data/lengths.py``'s rule (the
-        rows with them, so that a row and its prompt stay aligned)."""
+    def _prompts_within_context(self, rows: Sequence[dict[str, Any]]) -> list[list[int]]:
+        """Token ids of every training prompt (a prompt the chat template refuses is a data error
+        naming its row) that leaves room for ``max_new_tokens`` in the model's context; the others
+        are refused or skipped by ``data/lengths.py``'s rule (with their rows, so that a row and
+        its prompt stay aligned)."""
         config = self.config
-        encoded = [(row, encode_prompt(self.tokenizer, row[self.prompt_column])) for row in self.rows]
-        lengths = [len(ids) + config.max_new_tokens for _, ids in encoded]
-        what = f"prompts (+ max_new_tokens = {config.max_new_tokens}) of {config.data.path or 'the data'}"
+        source = data_source(config.data)
+        ids = encode_rows(lambda row: encode_prompt(self.tokenizer, row[self.prompt_column]), rows, source)
+        lengths = [len(prompt) + config.max_new_tokens for prompt in ids]
+        what = f"prompts (+ max_new_tokens = {config.max_new_tokens}) of {source}"
         kept = drop_overlong(
-            encoded, lengths, context_limit(self.policy), what=what, on_bad_row=config.data.on_bad_row, echo=self.echo
+            list(zip(self.rows, ids, strict=True)),
+            lengths,
+            context_limit(self.policy),
+            what=what,
+            on_bad_row=config.data.on_bad_row,
+            echo=self.echo,
         )
         self.rows = [row for row, _ in kept]
         return [ids for _, ids in kept]
