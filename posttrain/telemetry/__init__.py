@@ -2,6 +2,6 @@
 
 from posttrain.telemetry.metrics import MetricsLogger
 from posttrain.telemetry.progress import Progress
-from posttrain.telemetry.report import write_report
+from posttrain.telemetry.report import write_failure_report, write_report
 
-__all__ = ["MetricsLogger", "Progress", "write_report"]
+__all__ = ["MetricsLogger", "Progress", "write_failure_report", "write_report"]

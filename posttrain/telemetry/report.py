@@ -9,6 +9,7 @@ finished or killed.
 from __future__ import annotations
 
 import html
+import logging
 import math
 from collections import defaultdict
 from pathlib import Path
@@ -20,6 +21,8 @@ matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt
 
 from posttrain.telemetry.metrics import read_jsonl
+
+log = logging.getLogger(__name__)
 
 SKIP_KEYS = {"step"}
 
@@ -154,6 +157,19 @@ def write_report(
     path = run_dir / "report.html"
     path.write_text("\n".join(parts), encoding="utf-8")
     return path
+
+
+def write_failure_report(run_dir: str | Path, *, title: str, error: BaseException) -> Path | None:
+    """``report.html`` of a run that stopped: what it logged so far, headed by why it stopped.
+
+    Written on the way out of a failing run, so it must never hide the failure it reports: a
+    problem building the report is logged and None returned."""
+    reason = "interrupted (Ctrl-C)" if isinstance(error, KeyboardInterrupt) else f"{type(error).__name__}: {error}"
+    try:
+        return write_report(run_dir, title=f"{title} (stopped)", preformatted={"The run stopped": reason})
+    except Exception as report_error:  # the run's own error is the one to raise
+        log.warning("could not write the report of the stopped run: %s", report_error)
+        return None
 
 
 def _table(rows: list[dict[str, Any]]) -> str:

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from posttrain.config import Beta, Section
 from posttrain.errors import PosttrainError
 from posttrain.memory import return_free_memory
-from posttrain.telemetry import MetricsLogger, Progress, write_report
+from posttrain.telemetry import MetricsLogger, Progress, write_failure_report, write_report
 from posttrain.train.checkpoint import (
     load_training_state,
     load_weights_into,
@@ -181,6 +181,9 @@ def train_offline(
         with quiet_progress_bars():
             save_final(model, out / "final", objective.tokenizer)
         write_report(out, title=f"posttrain {label}: {out.name}")
+    except BaseException as error:  # the report shows what was logged up to the failure, and why
+        write_failure_report(out, title=f"posttrain {label}: {out.name}", error=error)
+        raise
     finally:
         progress.close()
         logger.close()

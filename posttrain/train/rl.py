@@ -58,7 +58,7 @@ from posttrain.models.logprobs import response_logprobs, shared_prompt_logprobs
 from posttrain.rewards import NamedReward, RewardSet, resolve_reward
 from posttrain.rollout.engine import build_engine
 from posttrain.rollout.types import SamplingParams
-from posttrain.telemetry import MetricsLogger, Progress, write_report
+from posttrain.telemetry import MetricsLogger, Progress, write_failure_report, write_report
 from posttrain.train.checkpoint import (
     load_training_state,
     load_weights_into,
@@ -294,6 +294,9 @@ class OnlineRL:
             with quiet_progress_bars():
                 save_final(self.policy, self.out / "final", self.tokenizer)
             write_report(self.out, title=f"posttrain rl: {self.out.name}")
+        except BaseException as error:  # the report shows what was logged up to the failure, and why
+            write_failure_report(self.out, title=f"posttrain rl: {self.out.name}", error=error)
+            raise
         finally:
             progress.close()
             logger.close()
