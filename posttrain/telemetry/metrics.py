@@ -32,7 +32,8 @@ class MetricsLogger:
         run_dir: str | Path,
         *,
         tensorboard: bool = True,
-        wandb_project: str | None = None,
+        wandb: bool = False,
+        run_name: str | None = None,
         config: Mapping[str, Any] | None = None,
         resume_step: int | None = None,
     ) -> None:
@@ -46,7 +47,7 @@ class MetricsLogger:
         self._metrics = self.metrics_path.open(mode, encoding="utf-8")
         self._samples = self.samples_path.open(mode, encoding="utf-8")
         self._tensorboard = _open_tensorboard(self.run_dir / "tensorboard") if tensorboard else None
-        self._wandb = _open_wandb(wandb_project, config, self.run_dir) if wandb_project else None
+        self._wandb = _open_wandb(run_name or self.run_dir.name, config, self.run_dir) if wandb else None
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         record = {"step": step, **{key: _plain(value) for key, value in metrics.items()}}
@@ -118,9 +119,33 @@ def _open_tensorboard(folder: Path) -> Any:
     return SummaryWriter(log_dir=str(folder))
 
 
-def _open_wandb(project: str, config: Mapping[str, Any] | None, run_dir: Path) -> Any:
-    try:
-        import wandb
-    except ImportError:
-        raise MissingExtraError("W&B logging was asked for but wandb is not installed: pip install wandb") from None
-    return wandb.init(project=project, config=dict(config or {}), dir=str(run_dir))
+def check_report_to(report_to: Iterable[str]) -> None:
+    """The sinks ``report_to`` names can be opened: checked before a model loads."""
+    import importlib.util
+
+    if "wandb" in report_to and importlib.util.find_spec("wandb") is None:
+        raise MissingExtraError("report_to names wandb, which is not installed: pip install 'posttrain[wandb]'")
+
+
+WANDB_ID_FILE = "wandb_id"
+"""The run's W&B id, kept in the run folder so that a resumed run logs into the same W&B run."""
+
+
+def _open_wandb(name: str, config: Mapping[str, Any] | None, run_dir: Path) -> Any:
+    import os
+    import uuid
+
+    check_report_to(["wandb"])
+    import wandb
+
+    id_file = run_dir / WANDB_ID_FILE
+    if not id_file.exists():
+        id_file.write_text(uuid.uuid4().hex[:16] + "\n", encoding="utf-8")
+    return wandb.init(
+        project=os.environ.get("WANDB_PROJECT", "posttrain"),
+        name=name,
+        id=id_file.read_text(encoding="utf-8").strip(),
+        resume="allow",
+        config=dict(config or {}),
+        dir=str(run_dir),
+    )

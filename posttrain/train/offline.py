@@ -75,6 +75,12 @@ class LoopConfig(Section):
     """Evaluate every this many steps (0: only before and after training)."""
     log_every: int = Field(10, ge=1)
     """Print a progress line every this many steps when not on a terminal."""
+    report_to: list[Literal["tensorboard", "wandb"]] = Field(default_factory=lambda: ["tensorboard"])
+    """Where metrics go besides metrics.jsonl: TensorBoard (output_dir/tensorboard, when installed)
+    and/or Weights & Biases (pip install wandb; project from WANDB_PROJECT, else "posttrain"; a
+    resumed run continues the same W&B run; WANDB_MODE=offline keeps it local)."""
+    run_name: str | None = None
+    """The run's name in W&B (default: the output_dir's folder name)."""
     resume: str = "none"
     """"auto": continue from the newest checkpoint in output_dir that verifies (saying which newer
     ones were skipped; step 0 when there is none yet); a path: from that checkpoint; "none": a new
@@ -141,7 +147,14 @@ def train_offline(
     start_step = _maybe_resume(config, resume_from, model, optimizer, scheduler, sampler)
 
     history: list[dict[str, float]] = []
-    logger = MetricsLogger(out, resume_step=start_step if start_step else None)
+    logger = MetricsLogger(
+        out,
+        resume_step=start_step if start_step else None,
+        tensorboard="tensorboard" in config.report_to,
+        wandb="wandb" in config.report_to,
+        run_name=config.run_name,
+        config=config.model_dump(mode="json"),
+    )
     progress = Progress(config.steps, keys=progress_keys, every=config.log_every, label=label, start=start_step)
     try:
         if evaluate is not None and start_step == 0:

@@ -169,10 +169,13 @@ class DPORun(LoopConfig):
 
 
 def check_run_dir(config: LoopConfig) -> None:
-    """The run folder and resume point, checked before any model loads (``train/run_dir.py``)."""
+    """The run folder and resume point (``train/run_dir.py``) and the metric sinks, checked before
+    any model loads."""
+    from posttrain.telemetry.metrics import check_report_to
     from posttrain.train.run_dir import start_point
 
     start_point(config.output_dir, config.resume, config.overwrite, dump_config(config))
+    check_report_to(config.report_to)
 
 
 def check_model_source(section: ModelSection) -> None:

@@ -59,6 +59,7 @@ from posttrain.rewards import NamedReward, RewardSet, resolve_reward
 from posttrain.rollout.engine import build_engine
 from posttrain.rollout.types import SamplingParams
 from posttrain.telemetry import MetricsLogger, Progress, write_failure_report, write_report
+from posttrain.telemetry.metrics import check_report_to
 from posttrain.train.checkpoint import (
     load_training_state,
     load_weights_into,
@@ -115,6 +116,7 @@ class OnlineRL:
         # everything a user can get wrong is checked before the policy loads: the run folder and
         # resume point (run_dir.py), the model folder, the data, the reward functions
         start_point(config.output_dir, config.resume, config.overwrite, dump_config(config))
+        check_report_to(config.report_to)
         if model is None:
             check_model_source(config.model)
         if config.threads:
@@ -268,7 +270,14 @@ class OnlineRL:
         config_yaml = dump_config(config)
         start = self._maybe_resume(prepare_run_dir(self.out, config.resume, config.overwrite, config_yaml, self.echo))
         history: list[dict[str, float]] = []
-        logger = MetricsLogger(self.out, resume_step=start if start else None)
+        logger = MetricsLogger(
+            self.out,
+            resume_step=start if start else None,
+            tensorboard="tensorboard" in config.report_to,
+            wandb="wandb" in config.report_to,
+            run_name=config.run_name,
+            config=config.model_dump(mode="json"),
+        )
         progress = Progress(config.steps, keys=PROGRESS_KEYS, every=config.log_every, label="rl", start=start)
         self.rewards.start()  # worker start-up is not charged to the first step's reward time
         try:

@@ -252,6 +252,12 @@ class RLRun(Section):
     """Complete checkpoints kept; the newest is never deleted."""
     log_every: int = Field(10, ge=1)
     """Print a progress line every this many steps when not on a terminal."""
+    report_to: list[Literal["tensorboard", "wandb"]] = Field(default_factory=lambda: ["tensorboard"])
+    """Where metrics go besides metrics.jsonl: TensorBoard (output_dir/tensorboard, when installed)
+    and/or Weights & Biases (pip install wandb; project from WANDB_PROJECT, else "posttrain"; a
+    resumed run continues the same W&B run; WANDB_MODE=offline keeps it local)."""
+    run_name: str | None = None
+    """The run's name in W&B (default: the output_dir's folder name)."""
     resume: str = "none"
     """"auto": continue from the newest checkpoint in output_dir that verifies (saying which newer
     ones were skipped; step 0 when there is none yet); a path: from that checkpoint; "none": a new

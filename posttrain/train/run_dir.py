@@ -33,7 +33,9 @@ import yaml
 from posttrain.errors import PosttrainError
 from posttrain.train.checkpoint import STEP_DIR, CheckpointError, checkpoint_root, verify_checkpoint
 
-RUN_FILES = ("metrics.jsonl", "samples.jsonl", "checkpoints", "final", "report.html", "tensorboard")
+RUN_FILES = (
+    "metrics.jsonl", "samples.jsonl", "checkpoints", "final", "report.html", "tensorboard", "wandb", "wandb_id",
+)  # fmt: skip
 """What a posttrain run writes into its folder (``overwrite`` deletes these, nothing else)."""
 
 FIXED_ON_RESUME = ("model", "data", "seed")
