@@ -314,8 +314,7 @@ class OnlineRL:
                 metrics["time/generate_s"] += round_metrics["time/generate_s"]
                 metrics["time/reward_s"] += round_metrics["time/reward_s"]
             if dynamic.enabled:
-                keep = dapo_group_filter(torch.nan_to_num(batch.scores, nan=0.0), batch.group_ids)
-                batch = batch.select(torch.nonzero(keep).flatten())
+                batch = batch.select(torch.nonzero(_groups_with_signal(batch)).flatten())
             kept.append(batch)
             kept_groups += int(batch.group_ids.unique().numel())
             if kept_groups >= config.prompts_per_step:
@@ -817,6 +816,15 @@ class OnlineRL:
         self.engine.update_weights(int(state["step"]))
         self.echo(f"[resume] step {state['step']} restored from {path}")
         return int(state["step"])
+
+
+def _groups_with_signal(batch: RolloutBatch) -> Tensor:
+    """``[B]`` keep mask of DAPO's dynamic sampling, judged on the scored samples only: a
+    missing score read as 0 would make [1, 1, None, 1] look like a group with signal. Unscored
+    samples of a kept group stay (``prepare`` drops and counts them)."""
+    scored = ~batch.scores.isnan()
+    keep = dapo_group_filter(batch.scores[scored], batch.group_ids[scored])
+    return torch.isin(batch.group_ids, batch.group_ids[scored][keep])
 
 
 def _zero_variance_shares(std: Tensor, size: Tensor, scores: Tensor, group_ids: Tensor) -> tuple[float, float]:

@@ -355,3 +355,20 @@ def test_non_finite_advantages_stop_the_run_instead_of_skipping_their_samples(tm
     run = make_run(tmp_path, ["steps=1"], rewards=(huge,))
     with pytest.raises(TrainingDiverged, match=r"advantages of this batch are not finite .*scale of the rewards"):
         run.run()
+
+
+def none_in_an_otherwise_constant_first_group(prompts, completions, completion_ids, **columns):
+    """The first group of each round scores [1, 1, None, 1]: no signal once the None is masked."""
+    shares = vowel_share(prompts, completions, completion_ids)
+    return [(None if i == 2 else 1.0) if i < 4 else share for i, share in enumerate(shares)]
+
+
+def test_dynamic_sampling_does_not_read_a_missing_score_as_0(tmp_path):
+    overrides = ["algorithm=dapo", "algorithm.overlong.enabled=false", "steps=1"]
+    run = make_run(tmp_path, overrides, rewards=(none_in_an_otherwise_constant_first_group,))
+    batch, _ = run.collect(1)
+    stats = {}
+    for group, score in zip(batch.group_ids.tolist(), batch.scores.tolist(), strict=True):
+        if not math.isnan(score):
+            stats.setdefault(group, set()).add(score)
+    assert stats and all(len(values) > 1 for values in stats.values())  # [1, 1, 1] is no signal
