@@ -64,26 +64,42 @@ def _train(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     import json
 
+    from posttrain.data import DataError
     from posttrain.data.tasks import get_task
+    from posttrain.errors import PosttrainError
     from posttrain.evaluate import evaluate, pass_at_k
-    from posttrain.models.loading import load_causal_lm, load_tokenizer
+    from posttrain.models.loading import ModelLoadError, load_causal_lm, load_tokenizer, read_config
     from posttrain.rewards import resolve_reward
 
-    model, tokenizer = load_causal_lm(args.model).eval(), load_tokenizer(args.model)
-    task = get_task(args.task)(1, args.n, args.seed)
+    # everything but the weights first: a wrong flag is refused before a model loads
+    try:
+        task = get_task(args.task)(1, args.n, args.seed)
+    except PosttrainError as error:
+        raise DataError(f"--task {args.task} --n {args.n}: {error}") from None
     rows = task.held_out
     if args.prompt_template:
-        from posttrain.data.prompt_templates import template_rows
+        from posttrain.data.prompt_templates import resolve_prompt_template, template_rows
 
+        try:
+            resolve_prompt_template(args.prompt_template)
+        except ValueError as error:
+            raise DataError(f"--prompt-template: {error}") from None
         rows = template_rows(rows, args.prompt_template)
     if args.chat_template:
         from posttrain.data.prompt_templates import chat_rows
 
         rows = chat_rows(rows)
     if not (args.reward or task.reward):
-        print(f"posttrain eval: task {args.task!r} has no reward to score with; pass --reward", file=sys.stderr)
-        return 2
-    reward = resolve_reward(args.reward or task.reward).fn
+        raise DataError(f"task {args.task!r} has no reward to score with; pass --reward")
+    try:
+        reward = resolve_reward(args.reward or task.reward).fn
+    except PosttrainError as error:
+        raise DataError(f"--reward: {error}") from None
+    try:
+        read_config(args.model)
+    except ModelLoadError as error:
+        raise ModelLoadError(f"--model: {error}") from None
+    model, tokenizer = load_causal_lm(args.model).eval(), load_tokenizer(args.model)
     result = evaluate(model, tokenizer, rows, reward, max_new_tokens=args.max_new_tokens, stop=args.stop)
     report = {"task": args.task, "rows": len(rows), "greedy_accuracy": result.accuracy}
     if args.k > 1:
@@ -123,6 +139,17 @@ def _import_gguf(args: argparse.Namespace) -> int:
     return 0
 
 
+def positive_int(text: str) -> int:
+    """argparse type of a count: an integer ≥ 1 (argparse names the flag in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     presets = ", ".join(preset_names()) or "(none found in ./configs)"
     parser = argparse.ArgumentParser(
@@ -156,9 +183,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--model", required=True, help="a local model folder (e.g. runs/sft/final)")
     evaluate.add_argument("--task", default="reverse", help="built-in task (reverse, arithmetic)")
     evaluate.add_argument("--reward", default=None, help="reward to score with (default: the task's)")
-    evaluate.add_argument("--n", type=int, default=500, help="held-out rows")
-    evaluate.add_argument("--k", type=int, default=1, help="also report pass@k with k samples at temperature 1")
-    evaluate.add_argument("--max-new-tokens", type=int, default=16)
+    evaluate.add_argument("--n", type=positive_int, default=500, help="held-out rows")
+    evaluate.add_argument(
+        "--k", type=positive_int, default=1, help="also report pass@k with k samples at temperature 1"
+    )
+    evaluate.add_argument("--max-new-tokens", type=positive_int, default=16)
     evaluate.add_argument(
         "--prompt-template", default=None, help="as data.prompt_template in the run's config (e.g. r1_zero)"
     )

@@ -14,14 +14,18 @@ import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from posttrain.errors import PosttrainError
 
 ConfigT = TypeVar("ConfigT", bound="Section")
+
+
+Beta = Annotated[float, Field(ge=0, lt=1)]
+"""An Adam β: a decay rate in [0, 1)."""
 
 
 class Section(BaseModel):
@@ -93,7 +97,8 @@ def validate_config(config_cls: type[ConfigT], raw: Mapping[str, Any], source: s
     try:
         return config_cls.model_validate(raw)
     except ValidationError as error:
-        problems = [_explain(config_cls, item) for item in error.errors()]
+        # a section's check across fields may report several problems, one per line
+        problems = [line for item in error.errors() for line in _explain(config_cls, item).split("\n  - ")]
         listing = "\n".join(f"  - {problem}" for problem in problems)
         raise ConfigError(f"invalid config ({source}), {len(problems)} problem(s):\n{listing}") from None
 
@@ -112,7 +117,8 @@ def _explain(config_cls: type[Section], item: Mapping[str, Any]) -> str:
         close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
         hint = f" Did you mean {'.'.join([*map(str, loc[:-1]), close[0]])!r}?" if close else ""
         return f"unknown key {dotted!r}; valid keys here: {', '.join(valid)}.{hint}"
-    if not loc:  # a check across several fields; its message names them
+    across_fields = item["type"] == "value_error" and isinstance(item.get("input"), Mapping)
+    if not loc or across_fields:  # a section's own check; its message names the fields
         return str(item["msg"]).removeprefix("Value error, ")
     value = item.get("input")
     shown = repr(value) if not isinstance(value, Mapping) else "a mapping"

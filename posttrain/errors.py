@@ -13,3 +13,8 @@ from __future__ import annotations
 
 class PosttrainError(Exception):
     """Base of every error whose message is written for the user."""
+
+
+class MissingExtraError(PosttrainError, ImportError):
+    """An optional package a feature needs is not installed; the message gives the install
+    command (``pip install 'posttrain[vllm]'``, ...)."""

@@ -12,6 +12,7 @@ from typing import Any
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.models.chat import prompt_ids
+from posttrain.rewards.registry import reward_completions
 from posttrain.rollout.engine import build_engine
 from posttrain.rollout.types import SamplingParams
 
@@ -80,7 +81,8 @@ def evaluate(
 ) -> EvalResult:
     """Generate greedily for each row's "prompt" and score with `reward_fn` (TRL's signature).
 
-    Every other column of the rows reaches `reward_fn` as a keyword list, as in training.
+    Every other column of the rows reaches `reward_fn` as a keyword list, as in training, and
+    completions after a conversational prompt arrive as assistant messages, as in TRL.
     `stop` ends completions as the RL run's ``sampling.stop`` does: a policy trained with stop
     strings never learns what comes after them, and the reward should not read it.
     """
@@ -91,7 +93,8 @@ def evaluate(
     # TRL passes every column except these three; a reference "completion" would otherwise
     # collide with the generated one.
     extra = [key for key in (rows[0] if rows else {}) if key not in ("prompt", "completion", "completion_ids")]
-    rewards = reward_fn(prompts, completions, completion_ids, **{k: [row[k] for row in rows] for k in extra})
+    columns = {k: [row[k] for row in rows] for k in extra}
+    rewards = reward_fn(prompts, reward_completions(prompts, completions), completion_ids, **columns)
     scored = [r for r in rewards if r is not None]
     samples = []
     for row, completion, reward in zip(rows, completions, rewards, strict=True):
@@ -119,6 +122,7 @@ def pass_at_k(
     completions, completion_ids = sample_completions(model, tokenizer, prompts, sampling)
     extra = [key for key in (rows[0] if rows else {}) if key not in ("prompt", "completion", "completion_ids")]
     columns = {key: [row[key] for row in rows for _ in range(k)] for key in extra}
-    rewards = reward_fn([p for p in prompts for _ in range(k)], completions, completion_ids, **columns)
+    prompts = [p for p in prompts for _ in range(k)]
+    rewards = reward_fn(prompts, reward_completions(prompts, completions), completion_ids, **columns)
     solved = [any(r == 1.0 for r in rewards[i * k : (i + 1) * k]) for i in range(len(rows))]
     return sum(solved) / max(len(solved), 1)

@@ -15,12 +15,14 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from posttrain.algos.masked import aggregate_loss
+from posttrain.errors import PosttrainError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class UnknownNameError(KeyError):
-    """A registry lookup with a name that is not registered."""
+class UnknownNameError(PosttrainError, KeyError):
+    """A registry lookup with a name that is not registered (a user's typo in a config, most
+    often: the message lists the valid names)."""
 
     def __str__(self) -> str:  # KeyError would print the message inside quotes
         return str(self.args[0])
@@ -60,6 +62,16 @@ class Registry(dict[str, Callable[..., Any]]):
 
     def __setitem__(self, name: str, fn: Callable[..., Any]) -> None:
         self.register(name)(fn)
+
+    def option_names(self, name: str) -> frozenset[str] | None:
+        """The options entry `name` takes: its keyword parameters besides the standard inputs
+        (None when it takes any, through ``**kwargs``). Configs check option keys against it
+        before a run starts, instead of a ``TypeError`` at the first step."""
+        params = inspect.signature(self[name]).parameters  # follows functools.wraps to the entry itself
+        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            return None
+        named = (p.name for p in params.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+        return frozenset(named) - self.standard_inputs
 
     def unknown_message(self, name: str) -> str:
         valid = ", ".join(sorted(self))

@@ -38,7 +38,7 @@ def read_dataset(
     on_bad_row: str = "error",
     split: str | None = None,
     allowed_formats: Sequence[str] | None = None,
-) -> list[Row]:
+) -> Rows:
     """Load a local dataset and validate every row before any training starts.
 
     The options are those of :func:`load_rows` and :func:`validate_rows`. With
@@ -58,4 +58,4 @@ def read_dataset(
         message = f"[data] {path}: {report.summary()}"
         log.warning(message)
         print(message, flush=True)
-    return report.kept
+    return report.kept  # Rows: each remembers its row (and line) in the file

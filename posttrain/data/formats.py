@@ -6,16 +6,19 @@ Formats (detected from the columns, or named with ``data_format``):
   the reward functions;
 * ``prompt_completion``: prompt + completion (SFT);
 * ``preference``: prompt + chosen + rejected, optional numeric ``margin`` (reward models, DPO);
+  conversational pairs may leave the prompt out and give each side whole (TRL's implicit
+  prompt): the prompt is then the messages both sides open with, split off at load time;
 * ``conversational``: ``messages``, a list of ``{"role", "content"}`` ending with the
   assistant's turn, which SFT learns.
 
 Prompts, completions, chosen and rejected may each be text or a list of messages (TRL's
-conversational form: the prompt holds the turns so far, the response the assistant's turn),
-but one row does not mix the two.
+conversational form: the prompt holds the turns so far, the response the assistant's turn,
+starting with it), but one row does not mix the two.
 
-Covers: missing columns, wrong types, malformed messages, unknown roles, empty responses,
-identical chosen/rejected, non-numeric margins. Does not cover: whether the text suits the
-tokenizer or fits the context length (the trainer checks those where it tokenizes).
+Covers: missing columns, wrong types, malformed messages, unknown roles, empty responses
+(and empty prompts of prompt-only rows, which RL samples from), identical chosen/rejected,
+non-numeric margins. Does not cover: whether the text suits the tokenizer or fits the context
+length (the trainer checks those where it tokenizes).
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ class Problem:
 class ValidationReport:
     """The rows validation kept, the format they were read as, and what it skipped, by reason."""
 
-    kept: list[Row]
+    kept: Rows  # in file order, each knowing its row (and line) in the file
     data_format: str
     total: int
     skipped: dict[str, list[int]] = field(default_factory=dict)  # reason → row indices
@@ -129,16 +132,25 @@ def validate_rows(
             f"{source}: rows are in the {format_!r} format, but this run needs {needed} (columns: {_keys(rows[0])})"
         )
     where = rows.where if isinstance(rows, Rows) else (lambda index: f"row {index}")
-    kept, skipped = [], defaultdict(list)
+    kept, kept_at, skipped = [], [], defaultdict(list)
     for index, row in enumerate(rows):
         problem = check_row(row, format_, prompt_column)
         if problem is None:
-            kept.append(_renamed(row, prompt_column))
+            kept.append(_with_prompt(_renamed(row, prompt_column)))
+            kept_at.append(index)
         elif on_bad_row == "error":
             raise DataError(f"{source}, {where(index)}, field {problem.field!r}: {problem.detail}")
         else:
             skipped[problem.label.format(field=repr(problem.field))].append(index)
-    report = ValidationReport(kept, format_, len(rows), dict(skipped))
+    # the kept rows remember their place in the file, for errors found later (tokenizing)
+    lines = rows.line_numbers if isinstance(rows, Rows) else None
+    indices = rows.indices if isinstance(rows, Rows) else None
+    kept_rows = Rows(
+        kept,
+        None if lines is None else [lines[i] for i in kept_at],
+        kept_at if indices is None else [indices[i] for i in kept_at],
+    )
+    report = ValidationReport(kept_rows, format_, len(rows), dict(skipped))
     if not kept:
         raise DataError(f"{source}: no valid row; {report.summary()}")
     return report
@@ -146,6 +158,8 @@ def validate_rows(
 
 def check_row(row: Mapping[str, Any], data_format: str, prompt_column: str = "prompt") -> Problem | None:
     """The first problem of a row read as `data_format`, or None when it is valid."""
+    if data_format == "preference" and _implicit_prompt(row, prompt_column):
+        return _implicit_prompt_problem(row)
     columns = {name: prompt_column if name == "prompt" else name for name in REQUIRED[data_format]}
     for column in columns.values():
         if row.get(column) is None:
@@ -157,7 +171,17 @@ def check_row(row: Mapping[str, Any], data_format: str, prompt_column: str = "pr
         problem = _value_problem(name, column, row[column])
         if problem is not None:
             return problem
+    if data_format == "prompt" and _blank(row[columns["prompt"]]):
+        # RL samples a completion of it: an empty prompt conditions on nothing but BOS
+        return Problem(columns["prompt"], "empty {field}", "empty prompt; RL needs a prompt to sample a completion of")
     return _pair_problem(row, data_format, columns)
+
+
+def _blank(value: str | list[Mapping[str, Any]]) -> bool:
+    """Text, or every message's content, is whitespace only."""
+    if isinstance(value, str):
+        return not value.strip()
+    return all(not message["content"].strip() for message in value)
 
 
 def _value_problem(name: str, column: str, value: Any) -> Problem | None:
@@ -190,6 +214,12 @@ def _messages_problem(name: str, column: str, messages: list[Any]) -> Problem | 
         if not isinstance(message["content"], str):
             content = f"{type(message['content']).__name__} {_short(message['content'])}"
             return Problem(column, "non-text {field}", f"message {turn} content is {content}, expected text")
+    if name in RESPONSES and messages[0]["role"] != "assistant":
+        detail = (
+            f"message 0 is {messages[0]['role']!r}'s; a response starts with the assistant's turn "
+            "(the turns before it belong in the prompt)"
+        )
+        return Problem(column, "response not opened by the assistant in {field}", detail)
     if name in (*RESPONSES, "messages"):
         last = messages[-1]
         if last["role"] != "assistant":
@@ -219,6 +249,53 @@ def _pair_problem(row: Mapping[str, Any], data_format: str, columns: Mapping[str
         found = f"{type(margin).__name__} {_short(margin)}"
         return Problem("margin", "bad {field}", f"expected a finite number, found {found}")
     return None
+
+
+def _implicit_prompt(row: Mapping[str, Any], prompt_column: str) -> bool:
+    """A conversational pair without a prompt: each side is the whole conversation."""
+    return row.get(prompt_column) is None and all(isinstance(row.get(side), list) for side in ("chosen", "rejected"))
+
+
+def _shared_turns(chosen: list[Any], rejected: list[Any]) -> int:
+    """How many opening messages the two sides share (TRL's ``extract_prompt``)."""
+    count = 0
+    while count < min(len(chosen), len(rejected)) and chosen[count] == rejected[count]:
+        count += 1
+    return count
+
+
+def _implicit_prompt_problem(row: Mapping[str, Any]) -> Problem | None:
+    """Each side must be a valid conversation; they share the prompt and differ after it."""
+    for side in ("chosen", "rejected"):
+        problem = _messages_problem("messages", side, row[side])
+        if problem is not None:
+            return problem
+    if _shared_turns(row["chosen"], row["rejected"]) == 0:
+        detail = (
+            "'chosen' and 'rejected' share no opening message; without a 'prompt' column the prompt is the "
+            "messages both conversations start with (or give 'prompt' separately)"
+        )
+        return Problem("chosen", "no shared prompt in {field}", detail)
+    split = _with_prompt(row)
+    for side in ("chosen", "rejected"):
+        if not split[side]:
+            other = "rejected" if side == "chosen" else "chosen"
+            detail = f"holds nothing after the messages it shares with {other!r}; a pair needs two replies"
+            return Problem(side, "no reply in {field}", detail)
+    return check_row(split, "preference")
+
+
+def _with_prompt(row: Row) -> Row:
+    """A pair with an implicit prompt split into prompt, chosen and rejected; others unchanged."""
+    if not _implicit_prompt(row, "prompt"):
+        return row
+    shared = _shared_turns(row["chosen"], row["rejected"])
+    return {
+        **row,
+        "prompt": row["chosen"][:shared],
+        "chosen": row["chosen"][shared:],
+        "rejected": row["rejected"][shared:],
+    }
 
 
 def _check_prompt_column(rows: Sequence[Row], prompt_column: str, source: str) -> None:

@@ -28,18 +28,27 @@ class Rows(list[Row]):
     """The rows of one source: a plain list, plus where each row sits in its file.
 
     ``line_numbers[i]`` is the 1-based line of row ``i`` in a JSON Lines file (blank lines
-    make it differ from ``i + 1``); ``None`` for formats without lines.
+    make it differ from ``i + 1``); ``None`` for formats without lines. ``indices[i]`` is
+    row ``i``'s index in its file when some rows were left out (validation skipping bad
+    rows), so that a later error still names the row the user can find.
     """
 
-    def __init__(self, rows: list[Row], line_numbers: list[int] | None = None) -> None:
+    def __init__(
+        self, rows: list[Row], line_numbers: list[int] | None = None, indices: list[int] | None = None
+    ) -> None:
         super().__init__(rows)
-        self.line_numbers = line_numbers
+        self.line_numbers, self.indices = line_numbers, indices
 
     def where(self, index: int) -> str:
         """``"row 4"``, or ``"row 4 (line 6)"`` when the line is known."""
+        row = index if self.indices is None else self.indices[index]
         if self.line_numbers is None:
-            return f"row {index}"
-        return f"row {index} (line {self.line_numbers[index]})"
+            return f"row {row}"
+        return f"row {row} (line {self.line_numbers[index]})"
+
+    def replaced(self, rows: list[Row]) -> Rows:
+        """Other rows (transformed copies of these, in the same order) at the same places."""
+        return Rows(rows, self.line_numbers, self.indices)
 
 
 def load_rows(path: str | Path, *, split: str | None = None) -> Rows:

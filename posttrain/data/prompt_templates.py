@@ -33,7 +33,7 @@ def resolve_prompt_template(value: str) -> str:
     text = NAMED_TEMPLATES.get(value, value)
     if PLACEHOLDER not in text:
         raise ValueError(
-            f"a prompt template must contain {PLACEHOLDER} (where the prompt goes) or be one of: "
+            f"prompt template {value!r} must contain {PLACEHOLDER} (where the prompt goes) or be one of: "
             f"{', '.join(sorted(NAMED_TEMPLATES))}"
         )
     return text

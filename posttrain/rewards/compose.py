@@ -71,7 +71,7 @@ from posttrain.rewards.pool import (
     slice_kwargs,
     split_batch,
 )
-from posttrain.rewards.registry import NamedReward, RewardOutput, build_builtin
+from posttrain.rewards.registry import NamedReward, RewardOutput, build_builtin, reward_completions
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,8 @@ class RewardSet:
                 raise ValueError(f"column {key!r} has {len(values)} values for {len(completions)} completions")
         kwargs = {
             "prompts": list(prompts),
-            "completions": list(completions),
+            # TRL's shapes: after a conversational prompt, a completion is one assistant message
+            "completions": reward_completions(prompts, completions),
             "completion_ids": [list(ids) for ids in completion_ids],
             **columns,
         }

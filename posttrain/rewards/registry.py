@@ -5,9 +5,13 @@ A reward function follows TRL's signature (DESIGN.md, public contract)::
     fn(prompts, completions, completion_ids, **columns) -> list[float | None]
 
 ``columns`` holds every other dataset column of the rows being scored, aligned with
-``completions``. ``None`` means "not applicable / could not be computed": the sample is masked
-out, never read as 0 (how several rewards combine around a ``None``: ``combine.py``). NaN is read
-as ``None`` but warned about and counted in ``reward/<name>/nan``; ±inf stops the run (a bug of
+``completions``. As in TRL's GRPOTrainer, a row whose prompt is a conversation (a list of
+``{"role", "content"}`` messages) gets its prompt as those messages and its completion as one
+assistant message, ``[{"role": "assistant", "content": text}]`` (:func:`reward_completions`);
+a text prompt gets text. So ``completion[0]["content"]`` written for TRL works unchanged.
+``None`` means "not applicable / could not be computed": the sample is masked out, never
+read as 0 (how several rewards combine around a ``None``: ``combine.py``). NaN is read as
+``None`` but warned about and counted in ``reward/<name>/nan``; ±inf stops the run (a bug of
 the function: it would make its group's advantages NaN). A function may instead return a
 :class:`RewardOutput` to log extra metrics. ``async def`` functions are awaited.
 
@@ -41,12 +45,38 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.algos.registry import Registry
+from posttrain.errors import PosttrainError
 
 RewardFn = Callable[..., Any]
 
 REWARDS = Registry("reward")
 """Built-in rewards: name → function, or → class taking options and returning a function."""
 register_reward = REWARDS.register
+
+
+class RewardSpecError(PosttrainError, ValueError):
+    """A reward entry of a config that cannot be resolved (a path that does not import, an
+    option the function does not take); the message names the entry."""
+
+
+def reward_completions(prompts: Sequence[Any], completions: Sequence[Any]) -> list[Any]:
+    """The completions as a reward function receives them: a decoded text after a
+    conversational prompt becomes ``[{"role": "assistant", "content": text}]`` (TRL,
+    ``GRPOTrainer._generate_and_score_completions``); after a text prompt it stays text.
+    Completions already given as messages are kept. Decided per row, so a batch mixing
+    both kinds of prompt gives each function what TRL would give it row by row."""
+    return [
+        [{"role": "assistant", "content": completion}]
+        if isinstance(completion, str) and _is_chat(prompt)
+        else completion
+        for prompt, completion in zip(prompts, completions, strict=True)
+    ]
+
+
+def _is_chat(prompt: Any) -> bool:
+    return (
+        isinstance(prompt, Sequence) and not isinstance(prompt, str) and bool(prompt) and isinstance(prompt[0], Mapping)
+    )
 
 
 @dataclass
@@ -77,15 +107,15 @@ class NamedReward:
 
     def __post_init__(self) -> None:
         if self.timeout_s is not None and not self.timeout_s > 0:
-            raise ValueError(f"reward {self.name!r}: timeout must be positive seconds, got {self.timeout_s}")
+            raise RewardSpecError(f"reward {self.name!r}: timeout must be positive seconds, got {self.timeout_s}")
         if self.chunks is not None and (isinstance(self.chunks, bool) or not isinstance(self.chunks, int)):
-            raise ValueError(f"reward {self.name!r}: chunks must be a positive integer, got {self.chunks!r}")
+            raise RewardSpecError(f"reward {self.name!r}: chunks must be a positive integer, got {self.chunks!r}")
         if self.chunks is not None and self.chunks < 1:
-            raise ValueError(f"reward {self.name!r}: chunks must be a positive integer, got {self.chunks}")
+            raise RewardSpecError(f"reward {self.name!r}: chunks must be a positive integer, got {self.chunks}")
         share = self.max_failed_fraction
         is_number = isinstance(share, (int, float)) and not isinstance(share, bool)
         if share is not None and (not is_number or not 0 <= share <= 1):
-            raise ValueError(f"reward {self.name!r}: max_failed_fraction must be a share in [0, 1], got {share!r}")
+            raise RewardSpecError(f"reward {self.name!r}: max_failed_fraction must be a share in [0, 1], got {share!r}")
 
     @property
     def is_async(self) -> bool:
@@ -115,7 +145,7 @@ def resolve_reward(spec: str | Mapping[str, Any] | RewardFn, weight: float = 1.0
     if isinstance(spec, Mapping):
         options = dict(spec)
         if "name" not in options:
-            raise ValueError(f"reward entry {dict(spec)!r} needs a 'name' (a built-in or pkg.module:fn)")
+            raise RewardSpecError(f"rewards entry {dict(spec)!r} needs a 'name' (a built-in or pkg.module:fn)")
         spec = options.pop("name")
     alias = options.pop("alias", None)
     run = {
@@ -126,7 +156,7 @@ def resolve_reward(spec: str | Mapping[str, Any] | RewardFn, weight: float = 1.0
     if ":" in spec:
         fn = _import_path(spec)
         if options:
-            raise ValueError(
+            raise RewardSpecError(
                 f"reward {spec!r} is a user function; options {sorted(options)} cannot be passed to it{_hint(options)}"
             )
         return NamedReward(alias or spec.split(":")[-1], fn, weight, **run)
@@ -136,12 +166,22 @@ def resolve_reward(spec: str | Mapping[str, Any] | RewardFn, weight: float = 1.0
         try:
             fn = entry(**options)
         except TypeError as error:
-            raise ValueError(f"reward {spec!r}: bad options {options}: {error}{_hint(options)}") from None
+            raise RewardSpecError(f"reward {spec!r}: bad options {options}: {error}{_hint(options)}") from None
     elif options:
-        raise ValueError(f"built-in reward {spec!r} takes no options, got {sorted(options)}{_hint(options)}")
+        raise RewardSpecError(f"built-in reward {spec!r} takes no options, got {sorted(options)}{_hint(options)}")
     else:
         fn = entry
     return NamedReward(alias or spec, fn, weight, **run)
+
+
+def entry_name(spec: str | Mapping[str, Any] | RewardFn) -> str:
+    """The name a config entry's reward is logged under (``reward/<name>/...``), without
+    resolving it: its ``alias``, else a built-in's name or a path's function name."""
+    if callable(spec) and not isinstance(spec, str):
+        return getattr(spec, "__name__", type(spec).__name__)
+    if isinstance(spec, Mapping):
+        return str(spec.get("alias") or entry_name(str(spec.get("name", ""))))
+    return spec.split(":")[-1] if ":" in spec else spec
 
 
 def build_builtin(name: str, options: Mapping[str, Any]) -> RewardFn:
@@ -162,16 +202,16 @@ def _timeout(spec: str, value: Any) -> float | None:
     try:
         seconds = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"reward {spec!r}: timeout must be a number of seconds, got {value!r}") from None
+        raise RewardSpecError(f"reward {spec!r}: timeout must be a number of seconds, got {value!r}") from None
     if not seconds > 0:
-        raise ValueError(f"reward {spec!r}: timeout must be positive (.inf for none), got {value!r}")
+        raise RewardSpecError(f"reward {spec!r}: timeout must be positive (.inf for none), got {value!r}")
     return seconds
 
 
 def _import_path(path: str) -> RewardFn:
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
-        raise ValueError(f"reward path {path!r} must look like 'package.module:function'")
+        raise RewardSpecError(f"reward path {path!r} must look like 'package.module:function'")
     # the user's own modules live in the working directory, which `posttrain` (a console
     # script) does not put on sys.path by itself
     if os.getcwd() not in sys.path:
@@ -179,11 +219,15 @@ def _import_path(path: str) -> RewardFn:
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise ValueError(f"reward {path!r}: cannot import module {module_name!r} ({error})") from None
+        raise RewardSpecError(f"reward {path!r}: cannot import module {module_name!r} ({error})") from None
+    except Exception as error:  # the user's module is broken: say where, not a traceback into importlib
+        raise RewardSpecError(
+            f"reward {path!r}: importing {module_name!r} raised {type(error).__name__}: {error}"
+        ) from error
     try:
         fn = getattr(module, attr)
     except AttributeError:
-        raise ValueError(f"reward {path!r}: module {module_name!r} has no attribute {attr!r}") from None
+        raise RewardSpecError(f"reward {path!r}: module {module_name!r} has no attribute {attr!r}") from None
     if not callable(fn):
-        raise ValueError(f"reward {path!r} is not callable")
+        raise RewardSpecError(f"reward {path!r} is not callable")
     return fn

@@ -51,7 +51,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from posttrain.config import Section
-from posttrain.errors import PosttrainError
+from posttrain.errors import MissingExtraError, PosttrainError
 from posttrain.rollout.types import Rollouts, SamplingParams
 from posttrain.rollout.weights import inference_weights, save_inference_folder, unmergeable_reason
 
@@ -103,7 +103,7 @@ def import_vllm() -> Any:
     try:
         import vllm
     except ImportError as error:
-        raise ImportError(f"{INSTALL_HINT} ({type(error).__name__}: {error})") from error
+        raise MissingExtraError(f"{INSTALL_HINT} ({type(error).__name__}: {error})") from error
     return vllm
 
 

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from posttrain.errors import MissingExtraError
+
 log = logging.getLogger(__name__)
 
 
@@ -120,5 +122,5 @@ def _open_wandb(project: str, config: Mapping[str, Any] | None, run_dir: Path) -
     try:
         import wandb
     except ImportError:
-        raise RuntimeError("W&B logging was asked for but wandb is not installed: pip install wandb") from None
+        raise MissingExtraError("W&B logging was asked for but wandb is not installed: pip install wandb") from None
     return wandb.init(project=project, config=dict(config or {}), dir=str(run_dir))

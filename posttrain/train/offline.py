@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor, nn
 
-from posttrain.config import Section
+from posttrain.config import Beta, Section
 from posttrain.errors import PosttrainError
 from posttrain.memory import return_free_memory
 from posttrain.telemetry import MetricsLogger, Progress, write_report
@@ -59,11 +59,11 @@ class LoopConfig(Section):
     """Final rate of cosine/linear schedules as a fraction of the peak."""
     weight_decay: float = Field(0.0, ge=0)
     """AdamW decoupled weight decay."""
-    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_betas: tuple[Beta, Beta] = (0.9, 0.999)
     """AdamW β₁, β₂."""
     max_grad_norm: float | None = Field(1.0, gt=0)
     """Clip the global gradient norm to this; null turns clipping off."""
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     """Seeds the data order, the initial weights of models built here, and sampling."""
     output_dir: str = "runs/train"
     """Run directory: config.yaml, metrics.jsonl, checkpoints/, final/, report.html."""
@@ -82,6 +82,15 @@ class LoopConfig(Section):
     overwrite: bool = False
     """With resume "none": delete the run already in output_dir (checkpoints, final model, logs,
     report) and start over, instead of refusing."""
+
+    @model_validator(mode="after")
+    def _whole_micro_batches(self) -> LoopConfig:
+        if self.batch_size % self.gradient_accumulation:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be a multiple of gradient_accumulation "
+                f"({self.gradient_accumulation})"
+            )
+        return self
 
 
 class Objective(Protocol):
@@ -118,11 +127,6 @@ def train_offline(
     label: str = "train",
 ) -> list[dict[str, float]]:
     """Train ``objective.model`` on ``examples``; returns the per-step metrics."""
-    if config.batch_size % config.gradient_accumulation:
-        raise ValueError(
-            f"batch_size ({config.batch_size}) must be a multiple of gradient_accumulation "
-            f"({config.gradient_accumulation})"
-        )
     out = Path(config.output_dir)
     resume_from = prepare_run_dir(out, config.resume, config.overwrite, config_yaml)
     model = objective.model

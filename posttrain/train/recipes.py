@@ -4,16 +4,20 @@ names, then hand them to the offline loop. Every option is documented once, here
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 from pydantic import Field, field_validator, model_validator
 
-from posttrain.config import Section, dump_config
-from posttrain.data import read_dataset
+from posttrain.algos.registry import UnknownNameError
+from posttrain.config import ConfigError, Section, dump_config
+from posttrain.data import DataError, Rows, detect_format, read_dataset
 from posttrain.data.tasks import get_task
 from posttrain.train.offline import LoopConfig, train_offline
+
+T = TypeVar("T")
 
 
 class TinyModel(Section):
@@ -27,10 +31,22 @@ class TinyModel(Section):
     """Hidden size."""
     heads: int = Field(4, ge=1)
     """Attention heads."""
-    intermediate: int | None = None
+    intermediate: int | None = Field(None, ge=1)
     """MLP width (default 4 × hidden)."""
     tokenizer: Literal["char"] = "char"
     """The tokenizer built with it: one token per character."""
+    max_positions: int = Field(2048, ge=16)
+    """Context length (max_position_embeddings): prompt + completion tokens a row may have."""
+
+    @model_validator(mode="after")
+    def _head_shape(self) -> TinyModel:
+        # each head takes hidden / heads channels, and rotary embeddings rotate them in pairs
+        if self.hidden % self.heads or (self.hidden // self.heads) % 2:
+            raise ValueError(
+                f"model.tiny.hidden ({self.hidden}) must be divisible by model.tiny.heads ({self.heads}) "
+                "into an even width per head (rotary embeddings rotate channel pairs)"
+            )
+        return self
 
 
 class LoraSection(Section):
@@ -109,6 +125,10 @@ class DataSection(Section):
     def _one_source(self) -> DataSection:
         if self.path is None and self.task is None:
             raise ValueError("set data.path (a local file or folder) or data.task (a built-in task)")
+        # both read files only: with a task they would be silently ignored
+        for key in ("eval_path", "split"):
+            if getattr(self, key) is not None and self.path is None:
+                raise ValueError(f"data.{key} applies to data.path, which is not set (data.task = {self.task!r})")
         return self
 
 
@@ -155,6 +175,19 @@ def check_run_dir(config: LoopConfig) -> None:
     start_point(config.output_dir, config.resume, config.overwrite, dump_config(config))
 
 
+def check_model_source(section: ModelSection) -> None:
+    """A model folder that cannot load is refused here, before data is read or anything is
+    built: its config.json is read (no weights), and the message names ``model.path``."""
+    if section.path is None:
+        return
+    from posttrain.models.loading import ModelLoadError, read_config
+
+    try:
+        read_config(section.path)
+    except ModelLoadError as error:
+        raise ModelLoadError(f"model.path: {error}") from None
+
+
 def build_model_and_tokenizer(section: ModelSection, seed: int) -> tuple[Any, Any]:
     from posttrain.models.loading import load_causal_lm, load_tokenizer
     from posttrain.models.tiny import build_tiny_causal_lm
@@ -173,6 +206,7 @@ def build_model_and_tokenizer(section: ModelSection, seed: int) -> tuple[Any, An
             hidden=spec.hidden,
             heads=spec.heads,
             intermediate=spec.intermediate,
+            max_positions=spec.max_positions,
             seed=seed,
             tokenizer=tokenizer,
         )
@@ -186,7 +220,16 @@ def with_lora(model: Any, section: ModelSection) -> Any:
     from posttrain.models.lora import apply_lora
 
     lora = section.lora
-    return apply_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=lora.target_modules)
+    try:
+        return apply_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=lora.target_modules)
+    except ValueError as error:  # peft: no module matches target_modules
+        layers = sorted(
+            {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+        )
+        raise ConfigError(
+            f"model.lora.target_modules = {lora.target_modules!r} matches no layer of this model ({error}); "
+            f"its linear layers: {', '.join(layers)}, or 'all-linear'"
+        ) from None
 
 
 def load_rows(
@@ -202,12 +245,41 @@ def load_rows(
         from posttrain.data.prompt_templates import template_rows
 
         template, column = section.prompt_template, section.prompt_column
-        train, held_out = template_rows(train, template, column), template_rows(held_out, template, column)
+        train = _same_places(train, template_rows(train, template, column))
+        held_out = _same_places(held_out, template_rows(held_out, template, column))
     if section.chat_template:
         from posttrain.data.prompt_templates import chat_rows
 
-        train, held_out = chat_rows(train, section.prompt_column), chat_rows(held_out, section.prompt_column)
+        train = _same_places(train, chat_rows(train, section.prompt_column))
+        held_out = _same_places(held_out, chat_rows(held_out, section.prompt_column))
     return train, held_out, reward
+
+
+def _same_places(rows: list[dict], new: list[dict]) -> list[dict]:
+    """`new` (copies of `rows`, transformed) still naming the file rows they came from."""
+    return rows.replaced(new) if isinstance(rows, Rows) else new
+
+
+def data_source(section: DataSection, held_out: bool = False) -> str:
+    """How an error names where rows came from: the file, or the task that made them."""
+    path = section.eval_path if held_out else section.path
+    return path if path is not None else f"data.task={section.task}"
+
+
+def encode_rows(encode: Callable[[dict], T], rows: Sequence[dict], source: str) -> list[T]:
+    """``encode(row)`` of every row (an objective's ``encode``, RL's prompt encoding); a row the
+    tokenizer's chat template cannot write as training needs it (``models/chat.py``) is a
+    data error naming the file and row."""
+    from posttrain.models.chat import ChatTemplateError
+
+    where = rows.where if isinstance(rows, Rows) else (lambda index: f"row {index}")
+    examples = []
+    for index, row in enumerate(rows):
+        try:
+            examples.append(encode(row))
+        except ChatTemplateError as error:
+            raise DataError(f"{source}, {where(index)}: {error}") from None
+    return examples
 
 
 def _read_rows(
@@ -223,8 +295,33 @@ def _read_rows(
         }
         held_out = read_dataset(section.eval_path, **options) if section.eval_path else []
         return read_dataset(section.path, **options), held_out, None
-    task = get_task(section.task, section.task_options)(section.n_train, section.n_eval, seed)
+    try:
+        task = get_task(section.task, section.task_options)(section.n_train, section.n_eval, seed)
+    except (DataError, UnknownNameError) as error:
+        sizes = f"data.n_train = {section.n_train}, data.n_eval = {section.n_eval}"
+        raise DataError(f"data.task = {section.task!r} ({sizes}): {error}") from None
+    found = detect_format(list(task.train[0])) if task.train else None
+    if allowed_formats is not None and found not in allowed_formats:
+        needed = " or ".join(map(repr, allowed_formats))
+        raise DataError(f"data.task = {section.task!r} makes {found!r} rows, but this run needs {needed}")
     return task.train, task.held_out, task.reward
+
+
+def encode_within_context(objective: Any, rows: Sequence[dict], section: DataSection, held_out: bool = False) -> list:
+    """``objective.encode`` of every row (:func:`encode_rows`) that fits the model's context
+    (``data/lengths.py``: refused or, with ``data.on_bad_row: skip``, left out)."""
+    from posttrain.data.lengths import context_limit, drop_overlong
+
+    source = data_source(section, held_out)
+    examples = encode_rows(objective.encode, rows, source)
+    lengths = [max(len(ids) for ids, _ in _sequences(example)) for example in examples]
+    what = f"{'held-out ' if held_out else ''}rows of {source}"
+    return drop_overlong(examples, lengths, context_limit(objective.model), what=what, on_bad_row=section.on_bad_row)
+
+
+def _sequences(example: Any) -> list[tuple[list[int], list[int]]]:
+    """The token sequences of an encoded example: one (SFT), or chosen and rejected (pairs)."""
+    return [example] if isinstance(example, tuple) else [example.chosen, example.rejected]
 
 
 def run_sft(config: SFTRun) -> list[dict[str, float]]:
@@ -233,12 +330,13 @@ def run_sft(config: SFTRun) -> list[dict[str, float]]:
     from posttrain.train.sft import SFTObjective
 
     check_run_dir(config)
+    check_model_source(config.model)
+    train_rows, held_out, reward_name = load_rows(config.data, config.seed, ("prompt_completion", "conversational"))
 
     torch.manual_seed(config.seed)
     model, tokenizer = build_model_and_tokenizer(config.model, config.seed)
-    train_rows, held_out, reward_name = load_rows(config.data, config.seed, ("prompt_completion", "conversational"))
     objective = SFTObjective(model, tokenizer)
-    examples = [objective.encode(row) for row in train_rows]
+    examples = encode_within_context(objective, train_rows, config.data)
     evaluate_fn = None
     held_out = held_out if config.eval_size is None else held_out[: config.eval_size]
     if reward_name and held_out:
@@ -271,22 +369,23 @@ def run_reward_model(config: RewardModelRun) -> list[dict[str, float]]:
     from posttrain.train.preference import RewardModelObjective
 
     check_run_dir(config)
+    check_model_source(config.model)
+    train_rows, held_out, _ = load_rows(config.data, config.seed, ("preference",))
 
     torch.manual_seed(config.seed)
     # the adapters go on the scorer (its head then trains in full), not on the policy it copies
     policy, tokenizer = build_model_and_tokenizer(config.model.model_copy(update={"lora": None}), config.seed)
     scorer = with_lora(reward_model_from_policy(policy, tokenizer.pad_token_id), config.model)
     del policy
-    train_rows, held_out, _ = load_rows(config.data, config.seed, ("preference",))
     objective = RewardModelObjective(scorer, tokenizer, center_coef=config.center_coef)
-    held_examples = [objective.encode(row) for row in held_out]
+    held_examples = encode_within_context(objective, held_out, config.data, held_out=True)
 
     def evaluate_fn() -> dict[str, float]:
         return {"pairwise_accuracy": objective.pairwise_accuracy(held_examples)}
 
     history = train_offline(
         objective,
-        [objective.encode(r) for r in train_rows],
+        encode_within_context(objective, train_rows, config.data),
         config,
         evaluate=evaluate_fn if held_examples else None,
         config_yaml=dump_config(config),
@@ -301,10 +400,11 @@ def run_dpo(config: DPORun) -> list[dict[str, float]]:
     from posttrain.train.preference import DPOObjective
 
     check_run_dir(config)
+    check_model_source(config.model)
+    train_rows, _, _ = load_rows(config.data, config.seed, ("preference",))
 
     torch.manual_seed(config.seed)
     model, tokenizer = build_model_and_tokenizer(config.model, config.seed)
-    train_rows, _, _ = load_rows(config.data, config.seed, ("preference",))
     reference_context = None
     if config.model.lora is not None:
         from posttrain.models.lora import reference_policy
@@ -322,7 +422,7 @@ def run_dpo(config: DPORun) -> list[dict[str, float]]:
     )
     history = train_offline(
         objective,
-        [objective.encode(r) for r in train_rows],
+        encode_within_context(objective, train_rows, config.data),
         config,
         config_yaml=dump_config(config),
         progress_keys=["loss/dpo", "dpo/margin"],

@@ -50,7 +50,9 @@ from posttrain.algos import (
 )
 from posttrain.algos.mismatch import rollout_mismatch, truncated_is_weights
 from posttrain.algos.sampling import dapo_group_filter
-from posttrain.config import dump_config
+from posttrain.config import ConfigError, dump_config
+from posttrain.data import DataError
+from posttrain.data.lengths import context_limit, drop_overlong
 from posttrain.memory import return_free_memory
 from posttrain.models.logprobs import response_logprobs, shared_prompt_logprobs
 from posttrain.rewards import NamedReward, RewardFunctionError, RewardSet, resolve_reward
@@ -66,7 +68,13 @@ from posttrain.train.checkpoint import (
     save_final,
 )
 from posttrain.train.offline import TrainingDiverged
-from posttrain.train.recipes import build_model_and_tokenizer, load_rows
+from posttrain.train.recipes import (
+    build_model_and_tokenizer,
+    check_model_source,
+    data_source,
+    encode_rows,
+    load_rows,
+)
 from posttrain.train.rl_batch import RolloutBatch, concat, from_rollouts
 from posttrain.train.rl_checks import StepWarnings, preflight_rewards
 from posttrain.train.rl_config import GROUP_ESTIMATORS, RLRun
@@ -105,16 +113,14 @@ class OnlineRL:
         echo: Echo = print,
     ) -> None:
         self.config, self.algo, self.echo = config, config.algorithm, echo
-        # the run folder and resume point are checked before any model loads (run_dir.py)
+        # everything a user can get wrong is checked before the policy loads: the run folder and
+        # resume point (run_dir.py), the model folder, the data, the reward functions
         start_point(config.output_dir, config.resume, config.overwrite, dump_config(config))
+        if model is None:
+            check_model_source(config.model)
         if config.threads:
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
-        if model is None:
-            model, tokenizer = build_model_and_tokenizer(config.model, config.seed)
-        self.policy, self.tokenizer = model, tokenizer
-        self.policy.train()
-        self.out = Path(config.output_dir)
 
         # data: rows with a prompt; any other column reaches the reward functions
         task_reward = None
@@ -124,16 +130,23 @@ class OnlineRL:
         self.rows = list(train_rows)
         self.held_out = list(held_out_rows or [])[: config.eval_size]
         self.prompt_column = config.data.prompt_column
-        missing = [i for i, row in enumerate(self.rows[:1000]) if self.prompt_column not in row]
+        missing = [i for i, row in enumerate(self.rows) if self.prompt_column not in row]
         if missing:
-            raise ValueError(f"data row {missing[0]} has no {self.prompt_column!r} column (data.prompt_column)")
-        self.prompt_ids = [encode_prompt(tokenizer, row[self.prompt_column]) for row in self.rows]
+            raise DataError(f"data row {missing[0]} has no {self.prompt_column!r} column (data.prompt_column)")
         self.rewards = RewardSet(
             self._resolve_rewards(reward_functions, task_reward),
             workers=config.reward_workers,
             timeout_s=config.reward_timeout,
             max_failed_fraction=config.reward_max_failed_fraction,
         )
+
+        torch.manual_seed(config.seed)  # the policy's initial weights do not depend on the rewards built
+        if model is None:
+            model, tokenizer = build_model_and_tokenizer(config.model, config.seed)
+        self.policy, self.tokenizer = model, tokenizer
+        self.policy.train()
+        self.out = Path(config.output_dir)
+        self.prompt_ids = self._prompts_within_context(train_rows)
 
         # models around the policy
         self.reference = self._build_reference() if self.algo.kl.needs_reference else None
@@ -169,6 +182,27 @@ class OnlineRL:
         self.warnings = StepWarnings(echo, max_new_tokens=config.max_new_tokens)
 
     # ------------------------------------------------------------------ construction
+    def _prompts_within_context(self, rows: Sequence[dict[str, Any]]) -> list[list[int]]:
+        """Token ids of every training prompt (a prompt the chat template refuses is a data error
+        naming its row) that leaves room for ``max_new_tokens`` in the model's context; the others
+        are refused or skipped by ``data/lengths.py``'s rule (with their rows, so that a row and
+        its prompt stay aligned)."""
+        config = self.config
+        source = data_source(config.data)
+        ids = encode_rows(lambda row: encode_prompt(self.tokenizer, row[self.prompt_column]), rows, source)
+        lengths = [len(prompt) + config.max_new_tokens for prompt in ids]
+        what = f"prompts (+ max_new_tokens = {config.max_new_tokens}) of {source}"
+        kept = drop_overlong(
+            list(zip(self.rows, ids, strict=True)),
+            lengths,
+            context_limit(self.policy),
+            what=what,
+            on_bad_row=config.data.on_bad_row,
+            echo=self.echo,
+        )
+        self.rows = [row for row, _ in kept]
+        return [ids for _, ids in kept]
+
     def _resolve_rewards(
         self, functions: Sequence[Callable[..., Any] | NamedReward] | None, task_reward: str | None
     ) -> list[NamedReward]:
@@ -176,15 +210,23 @@ class OnlineRL:
         specs: list[Any] = list(functions) if functions is not None else list(config.rewards)
         if not specs:
             if task_reward is None:
-                raise ValueError("no reward functions: set rewards (built-in names or pkg.module:fn paths)")
+                raise ConfigError(
+                    "no reward functions: the rows of data.path have no built-in reward; set rewards "
+                    "(built-in names or pkg.module:fn paths)"
+                )
             specs = [task_reward]
         weights = config.reward_weights or [1.0] * len(specs)
         if len(weights) != len(specs):
-            raise ValueError(f"reward_weights has {len(weights)} entries for {len(specs)} reward functions")
-        return [
+            raise ConfigError(f"reward_weights has {len(weights)} entries for {len(specs)} reward functions")
+        rewards = [
             spec if isinstance(spec, NamedReward) else resolve_reward(spec, weight)
             for spec, weight in zip(specs, weights, strict=True)
         ]
+        names = [reward.name for reward in rewards]
+        unknown = [name for name in config.allow_constant_reward if name not in names]
+        if unknown:
+            raise ConfigError(f"allow_constant_reward names {unknown}, which are not rewards of this run: {names}")
+        return rewards
 
     def _build_reference(self) -> nn.Module | None:
         """The KL anchor: the initial policy. With LoRA it is the same model with adapters

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from posttrain.config import ConfigError, Section, deep_merge, parse_overrides, read_yaml, validate_config
+from posttrain.config import Beta, ConfigError, Section, deep_merge, parse_overrides, read_yaml, validate_config
 from posttrain.rollout.vllm_engine import VLLMOptions
 from posttrain.train.recipes import DataSection, ModelSection
 
@@ -162,9 +162,9 @@ class RolloutSection(Section):
     recipe scripts/install_vllm_cpu.sh)."""
     vllm: VLLMOptions = Field(default_factory=VLLMOptions)
     """How vLLM is started (engine vllm only): dtype, memory, eager mode, max length, seed."""
-    tis_cap: float | None = Field(None, gt=0)
+    tis_cap: float | None = Field(None, ge=1)
     """Truncated importance sampling: multiply each token's policy loss by min(π_old/π_rollout,
-    C) with C this cap (e.g. 2), correcting for the engine's log-probs differing from the
+    C) with C ≥ 1 this cap (e.g. 2), correcting for the engine's log-probs differing from the
     trainer's (Yao et al. 2025); null: off. Only for policy losses ppo_clip and pg."""
 
 
@@ -218,7 +218,7 @@ class RLRun(Section):
     """Linear warm-up, in optimizer steps."""
     weight_decay: float = Field(0.0, ge=0)
     """AdamW decoupled weight decay."""
-    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_betas: tuple[Beta, Beta] = (0.9, 0.999)
     """AdamW β₁, β₂."""
     max_grad_norm: float | None = Field(1.0, gt=0)
     """Clip the policy's global gradient norm to this; null: no clipping."""
@@ -244,7 +244,7 @@ class RLRun(Section):
     """Held-out prompts generated at once (lower it to bound the KV cache of a large model)."""
     log_samples: int = Field(4, ge=0)
     """Completions written to samples.jsonl per step."""
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     """Seeds prompt order, sampling and models built here; the same seed repeats a run."""
     threads: int | None = Field(None, ge=1)
     """torch intra-op threads (default: every core this process may use)."""
@@ -342,8 +342,6 @@ def combination_problems(config: RLRun) -> list[str]:
             f"algorithm.overlong.cache_length ({algo.overlong.cache_length}) exceeds max_new_tokens "
             f"({config.max_new_tokens})"
         )
-    if config.reward_weights is not None and config.rewards and len(config.reward_weights) != len(config.rewards):
-        problems.append(f"reward_weights has {len(config.reward_weights)} entries for {len(config.rewards)} rewards")
     batch = config.rollout_batch_size
     minibatch = config.minibatch_size
     if minibatch is not None and (minibatch % config.samples_per_prompt or batch % minibatch):
@@ -362,8 +360,35 @@ def combination_problems(config: RLRun) -> list[str]:
             f"rollout.tis_cap weights each token's loss, which algorithm.policy_loss = {algo.policy_loss!r} "
             "does not take: use ppo_clip or pg, or set rollout.tis_cap to null"
         )
+    for key, registry, name, options in (
+        ("algorithm.advantage_options", ADVANTAGE_ESTIMATORS, algo.advantage, algo.advantage_options),
+        ("algorithm.loss_options", POLICY_LOSSES, algo.policy_loss, algo.loss_options),
+    ):
+        valid = registry.option_names(name) if name in registry else None
+        unknown = sorted(set(options) - valid) if valid is not None else []
+        if unknown:
+            takes = ", ".join(sorted(valid)) or "no options"
+            problems.append(f"{key}: {name!r} has no option {', '.join(unknown)}; it takes {takes}")
+    problems += _reward_problems(config)
     if config.model.lora is not None and algo.critic is not None:
         problems.append("model.lora with algorithm.critic is not supported yet: train the critic in full")
+    return problems
+
+
+def _reward_problems(config: RLRun) -> list[str]:
+    """Rewards checkable from the config alone: weights per function, and names the pre-flight
+    check is told to tolerate. (Import paths are resolved before any model loads, in the loop.)"""
+    from posttrain.rewards.registry import entry_name
+
+    if not config.rewards:  # the task's reward, or functions handed to OnlineRL in Python
+        return []
+    problems, weights = [], config.reward_weights
+    names = [entry_name(spec) for spec in config.rewards]
+    if weights is not None and len(weights) != len(names):
+        problems.append(f"reward_weights has {len(weights)} entries for {len(names)} reward function(s)")
+    unknown = [name for name in config.allow_constant_reward if name not in names]
+    if unknown:
+        problems.append(f"allow_constant_reward names {unknown}, which are not rewards of this run: {names}")
     return problems
 
 

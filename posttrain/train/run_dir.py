@@ -21,6 +21,7 @@ replaces the run's own.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -84,6 +85,7 @@ def start_point(output_dir: str | Path, resume: str, overwrite: bool, config_yam
     """Decide where the run in ``output_dir`` starts; raise :class:`RunDirError` when it cannot.
     Reads only: nothing is deleted or written here (see :func:`prepare_run_dir`)."""
     out = Path(output_dir)
+    _check_writable(out)
     if resume == "none":
         found = existing_run(out)
         if found and not overwrite:
@@ -102,6 +104,16 @@ def start_point(output_dir: str | Path, resume: str, overwrite: bool, config_yam
     except CheckpointError as error:
         raise RunDirError(f"resume={resume}: {error}") from None
     return StartPoint(path, _compare_configs(path, config_yaml))
+
+
+def _check_writable(out: Path) -> None:
+    """``output_dir`` must be a folder this process can create or write in."""
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir():
+        where = "is a file" if existing == out else f"is inside {existing}, which is a file"
+        raise RunDirError(f"output_dir {out} {where}: choose a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise RunDirError(f"output_dir {out}: {existing} is not writable by this user; choose another folder")
 
 
 def prepare_run_dir(
@@ -167,10 +179,11 @@ def _compare_configs(checkpoint: Path, config_yaml: str | None) -> list[str]:
         return []
     saved = _flatten(yaml.safe_load(saved_file.read_text(encoding="utf-8")) or {})
     new = _flatten(yaml.safe_load(config_yaml) or {})
+    # keys in one config only are options a newer or older posttrain added: not a change the user made
     changed = sorted(
         key
-        for key in saved.keys() | new.keys()
-        if saved.get(key) != new.get(key) and key.split(".")[0] not in IGNORED_ON_RESUME
+        for key in saved.keys() & new.keys()
+        if saved[key] != new[key] and key.split(".")[0] not in IGNORED_ON_RESUME
     )
     fixed = [key for key in changed if key.split(".")[0] in FIXED_ON_RESUME]
     if fixed:

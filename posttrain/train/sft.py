@@ -45,11 +45,16 @@ Example = tuple[list[int], list[int]]  # (input_ids, loss_mask)
 StepCallback = Callable[[dict[str, float]], "bool | None"]
 
 
-def encode_row(tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict], completion: str) -> Example:
+def encode_row(tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict], completion: str | list[dict]) -> Example:
     """(input_ids, loss_mask) for prompt + completion + EOS; the mask is 1 on completion and EOS.
-    A prompt given as chat messages goes through the chat template, the assistant's turn opened."""
+    A prompt given as chat messages goes through the chat template, the assistant's turn opened;
+    a completion given as messages (TRL's conversational form) is encoded by ``reply_ids``."""
     from posttrain.models.chat import prompt_ids as encode_prompt
+    from posttrain.models.chat import reply_ids
 
+    if not isinstance(completion, str):
+        prompt_ids, completion_ids = reply_ids(tokenizer, prompt, completion)
+        return prompt_ids + completion_ids, [0] * len(prompt_ids) + [1] * len(completion_ids)
     # Tokenised separately, so the prompt's ids are the same as at generation time even for
     # subword tokenizers that would merge across the prompt/completion boundary.
     prompt_ids = encode_prompt(tokenizer, prompt)

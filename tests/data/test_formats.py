@@ -208,3 +208,42 @@ def test_an_explicit_format_is_checked_and_options_are_checked():
         validate_rows([{"prompt": "p"}], source="x", data_format="sft")
     with pytest.raises(ValueError, match=r"on_bad_row must be 'error' or 'skip', got 'drop'"):
         validate_rows([{"prompt": "p"}], source="x", on_bad_row="drop")
+
+
+def test_an_implicit_conversational_prompt_is_split_off_at_load_time():
+    # TRL's implicit prompt: each side holds the whole conversation; the prompt is what both open with
+    system = {"role": "system", "content": "be kind"}
+    no = {"role": "assistant", "content": "no"}
+    row = {"chosen": [system, *USER, *ASSISTANT], "rejected": [system, *USER, no], "margin": 1.0}
+    report = validate_rows([row], source="x")
+    assert report.data_format == "preference"
+    assert report.kept == [{"prompt": [system, *USER], "chosen": ASSISTANT, "rejected": [no], "margin": 1.0}]
+
+
+@pytest.mark.parametrize(
+    ("row", "error"),
+    [
+        ({"chosen": USER + ASSISTANT, "rejected": [{"role": "user", "content": "ho"}, *ASSISTANT]},
+         "row 0, field 'chosen': 'chosen' and 'rejected' share no opening message"),
+        ({"chosen": USER + ASSISTANT, "rejected": USER + ASSISTANT + USER + ASSISTANT},
+         "row 0, field 'chosen': holds nothing after the messages it shares with 'rejected'"),
+        ({"chosen": USER + ASSISTANT, "rejected": [*USER, {"role": "user", "content": "x"}, *ASSISTANT]},
+         "row 0, field 'rejected': message 0 is 'user''s; a response starts with the assistant's turn"),
+        ({"prompt": USER, "completion": USER + ASSISTANT},
+         "row 0, field 'completion': message 0 is 'user''s; a response starts with the assistant's turn"),
+    ],
+)  # fmt: skip
+def test_a_conversational_reply_must_follow_its_prompt(row, error):
+    with pytest.raises(DataError, match=re.escape(error)):
+        validate_rows([row], source="x")
+
+
+def test_kept_rows_remember_their_row_and_line_after_skipping(tmp_path):
+    rows = [{"prompt": "p", "completion": "c"}] * 4
+    rows[1] = {"prompt": "p", "completion": ""}
+    path = tmp_path / "d.jsonl"
+    path.write_text(
+        "\n".join(json.dumps(row) for row in rows[:2]) + "\n\n" + "".join(json.dumps(r) + "\n" for r in rows[2:])
+    )
+    kept = read_dataset(path, on_bad_row="skip")
+    assert [kept.where(i) for i in range(len(kept))] == ["row 0 (line 1)", "row 2 (line 4)", "row 3 (line 5)"]

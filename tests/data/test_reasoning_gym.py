@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from posttrain.data import DataError
 from posttrain.data.tasks import get_task
 from posttrain.data.tasks.reasoning_gym import require_reasoning_gym, seeds
 from posttrain.rewards import resolve_reward
@@ -60,7 +61,7 @@ def test_task_options_reach_the_generator_and_bad_ones_are_named():
     assert all(len(n) == 2 and all(int(d) <= 10 for d in n) for n in numbers), [row["prompt"] for row in rows]
     with pytest.raises(ValueError, match=r"bad data.task_options \{'bogus': 1\}"):
         get_task("reasoning_gym:basic_arithmetic", {"bogus": 1})(2, 0, 0)
-    with pytest.raises(KeyError, match="did you mean gsm_symbolic"):
+    with pytest.raises(DataError, match="did you mean gsm_symbolic"):
         get_task("reasoning_gym:gsm_symbolc")(2, 0, 0)
     with pytest.raises(ValueError, match="task_options only apply"):
         get_task("reverse", {"difficulty": 1})

@@ -1,5 +1,6 @@
 import pytest
 
+from posttrain.data import DataError
 from posttrain.data.tasks.reverse import (
     MANUAL_NAMES,
     make_names,
@@ -47,7 +48,7 @@ def test_held_out_set_does_not_depend_on_train_size():
 
 
 def test_held_out_must_fit_the_manual_names():
-    with pytest.raises(ValueError, match="manual"):
+    with pytest.raises(DataError, match="holds out at least 9 rows"):
         split_names(10, 5, seed=0)
 
 

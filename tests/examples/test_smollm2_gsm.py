@@ -54,7 +54,7 @@ def _stand_in(folder: Path) -> Path:
 
     rows = get_task("reasoning_gym:gsm_symbolic")(40, 0, 5).train
     tokenizer = ensure_chat_template(train_bpe_tokenizer([r["prompt"] + r["completion"] for r in rows], vocab_size=500))
-    model = build_tiny_causal_lm(len(tokenizer), layers=1, hidden=32, heads=2, tokenizer=tokenizer)
+    model = build_tiny_causal_lm(len(tokenizer), layers=1, hidden=32, heads=2, tokenizer=tokenizer, max_positions=2048)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

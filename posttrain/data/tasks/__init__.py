@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from posttrain.algos.registry import Registry
+from posttrain.data.loading import DataError
 from posttrain.data.tasks import arithmetic, preference, reverse
 
 
@@ -75,5 +76,5 @@ def get_task(name: str, options: Mapping[str, Any] | None = None) -> Callable[[i
     if name.startswith(PREFIX):
         return make_task(name.removeprefix(PREFIX), options)
     if options:
-        raise ValueError(f"data.task_options only apply to {PREFIX}<task> tasks, not to {name!r}")
+        raise DataError(f"data.task_options only apply to {PREFIX}<task> tasks, not to {name!r}")
     return TASKS[name]

@@ -17,6 +17,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from posttrain.data.loading import DataError
+
 
 @dataclass(frozen=True)
 class Template:
@@ -69,7 +71,7 @@ def split_problems(n_train: int, n_test: int, *, seed: int = 0) -> tuple[list[di
     """
     limit = max_problems()
     if n_train + n_test > limit:
-        raise ValueError(f"asked for {n_train} + {n_test} problems; the arithmetic task draws at most {limit}")
+        raise DataError(f"asked for {n_train} + {n_test} problems; the arithmetic task draws at most {limit}")
     rng = random.Random(seed)
     seen: set[str] = set()
     held_out = _draw_distinct(n_test, rng, seen)

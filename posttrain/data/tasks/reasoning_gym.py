@@ -24,6 +24,9 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from posttrain.data.loading import DataError
+from posttrain.errors import MissingExtraError
+
 PREFIX = "reasoning_gym:"
 INSTALL_HINT = "pip install 'posttrain[tasks]'  (or: pip install reasoning-gym)"
 
@@ -31,7 +34,7 @@ INSTALL_HINT = "pip install 'posttrain[tasks]'  (or: pip install reasoning-gym)"
 def require_reasoning_gym() -> Any:
     """The ``reasoning_gym`` module, or an ImportError that says how to install it."""
     if importlib.util.find_spec("reasoning_gym") is None:
-        raise ImportError(f"reasoning-gym tasks need the 'reasoning-gym' package: {INSTALL_HINT}")
+        raise MissingExtraError(f"reasoning-gym tasks need the 'reasoning-gym' package: {INSTALL_HINT}")
     import reasoning_gym
 
     return reasoning_gym
@@ -64,11 +67,11 @@ def generate(name: str, size: int, seed: int, options: Mapping[str, Any]) -> lis
 
         close = difflib.get_close_matches(name, known, n=3)
         hint = f"did you mean {', '.join(close)}? " if close else ""
-        raise KeyError(f"reasoning-gym has no task {name!r}; {hint}all {len(known)}: {', '.join(known)}")
+        raise DataError(f"reasoning-gym has no task {name!r}; {hint}all {len(known)}: {', '.join(known)}")
     try:
         dataset = gym.create_dataset(name, size=size, seed=seed, **dict(options))
     except (TypeError, ValueError, AssertionError) as error:
-        raise ValueError(f"reasoning_gym:{name}: bad data.task_options {dict(options)} ({error})") from None
+        raise DataError(f"reasoning_gym:{name}: bad data.task_options {dict(options)} ({error})") from None
     return [entry_row(entry) for entry in dataset]
 
 
@@ -86,7 +89,7 @@ def make_task(name: str, options: Mapping[str, Any] | None = None) -> Callable[[
             train = [row for row in fresh if row["prompt"] not in questions][:n_train]
             extra = max(2 * extra, n_train - len(train) + 8)
             if extra > 10 * max(n_train, 1):
-                raise ValueError(f"reasoning_gym:{name} repeats its held-out problems too often to draw {n_train}")
+                raise DataError(f"reasoning_gym:{name} repeats its held-out problems too often to draw {n_train}")
         return TaskData(train, held_out, "reasoning_gym")
 
     return task

@@ -13,6 +13,8 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from posttrain.data.loading import DataError
+
 PROMPT_TEMPLATE = "Reverse the name: {name}. Answer:"
 PROMPT_MARKER = "Reverse the name:"
 ANSWER_MARKER = "Answer:"
@@ -47,7 +49,7 @@ def make_names(n: int, *, seed: int, min_len: int = 3, max_len: int = 8, exclude
     while len(names) < n:
         tries += 1
         if tries > _MAX_TRIES_PER_NAME * max(n, 1):
-            raise ValueError(f"could not find {n} distinct names of {min_len}-{max_len} letters")
+            raise DataError(f"could not find {n} distinct names of {min_len}-{max_len} letters")
         name = make_name(rng, min_len, max_len)
         if name not in seen:
             seen.add(name)
@@ -62,7 +64,9 @@ def split_names(n_train: int, n_test: int, *, seed: int = 0) -> tuple[list[str],
     seed stays the same whatever `n_train` is.
     """
     if n_test < len(MANUAL_NAMES):
-        raise ValueError(f"n_test={n_test} must be at least {len(MANUAL_NAMES)} (the manual names)")
+        raise DataError(
+            f"the reverse task holds out at least {len(MANUAL_NAMES)} rows (the lecture's names); {n_test} asked for"
+        )
     names = make_names(n_test - len(MANUAL_NAMES) + n_train, seed=seed, exclude=MANUAL_NAMES)
     held_out = [*MANUAL_NAMES, *names[: n_test - len(MANUAL_NAMES)]]
     return names[n_test - len(MANUAL_NAMES) :], held_out
