@@ -199,6 +199,11 @@ def gdpo(
     ε = 1e-8 in the root); ``"sequence"`` uses (S − mean)/(std + 1e-4) over the B responses
     (TRL ``normalize_then_sum``). ``reward_components`` is ``[B, K]``; ``token_rewards`` is
     not used (the components carry the rewards).
+
+    A missing score (NaN) is never read as 0: a component NaN for every sample of a group
+    (a reward that does not apply to that prompt) adds A^k = 0 there, as a component that
+    cannot tell the group's samples apart does; a component NaN for only some samples of a
+    group raises — such samples have no reward and must be masked out before (the loop does).
     Source: Liu et al., "GDPO: Group reward-Decoupled Normalization Policy Optimization for
     Multi-reward RL Optimization", 2026.
     """
@@ -213,13 +218,17 @@ def gdpo(
     )
     if weights.shape != (num_components,):
         raise ValueError(f"component_weights has {weights.numel()} entries for {num_components} components")
+    absent = _absent_from_whole_groups(reward_components, group_ids)
     normalised = torch.stack(
         [
-            group_normalise(reward_components[:, k], group_ids, scale_by_std=True, eps=eps, singleton=singleton)
+            group_normalise(
+                reward_components[:, k].nan_to_num(0.0), group_ids, scale_by_std=True, eps=eps, singleton=singleton
+            )
             for k in range(num_components)
         ],
         dim=1,
     )
+    normalised = torch.where(absent, torch.zeros_like(normalised), normalised)
     summed = (normalised * weights).sum(1)
     if batch_norm == "token":
         adv = masked_whiten(broadcast_to_tokens(summed, response_mask), response_mask)
@@ -229,3 +238,21 @@ def gdpo(
     else:
         raise ValueError(f"unknown batch_norm {batch_norm!r}; valid: token, sequence")
     return adv, adv
+
+
+def _absent_from_whole_groups(components: Tensor, group_ids: Tensor) -> Tensor:
+    """``[B, K]`` bool: component k is NaN for sample i and for every other sample of i's
+    group. Raises for a component NaN for only part of a group (a sample with no reward)."""
+    missing = components.isnan()
+    _, index = torch.unique(group_ids, return_inverse=True)
+    groups = int(index.max()) + 1 if index.numel() else 0
+    present = torch.zeros(groups, components.shape[1], dtype=components.dtype, device=components.device)
+    present = present.index_add(0, index, (~missing).to(components.dtype))[index] > 0
+    partial = missing & present
+    if bool(partial.any()):
+        sample, component = (int(v) for v in torch.nonzero(partial)[0])
+        raise ValueError(
+            f"gdpo: reward component {component} is missing (NaN) for sample {sample} but present for others of "
+            f"its group; a sample without a reward must be masked out before the advantage, not scored 0"
+        )
+    return missing

@@ -153,11 +153,18 @@ def remax(
         G_t = Σ_{k ≥ t, m_k = 1} r_k;   A_t = G_t − r(x, ŷ_greedy)
 
     ``baseline_scores [B]`` holds r(x, ŷ_greedy) for each sample's prompt (one extra greedy
-    decode per prompt). Returns are G. Source: Li et al., "ReMax: A Simple, Effective, and
+    decode per prompt); NaN (no reward for the greedy decode) raises: those samples have no
+    baseline and must be masked out first. Returns are G. Source: Li et al., "ReMax: A Simple, Effective, and
     Efficient Reinforcement Learning Method for Aligning Large Language Models", 2023, Alg. 1.
     """
     if baseline_scores is None:
         raise ValueError("advantage estimator 'remax' needs baseline_scores (rewards of greedy decodes)")
+    if bool(baseline_scores.isnan().any()):
+        sample = int(torch.nonzero(baseline_scores.isnan())[0])
+        raise ValueError(
+            f"remax: baseline_scores is missing (NaN) for sample {sample}; a prompt whose greedy decode has no "
+            "reward must be masked out before the advantage, not compared with a baseline of 0"
+        )
     returns = discounted_returns(token_rewards, response_mask, 1.0)
     adv = torch.where(response_mask.bool(), returns - baseline_scores.unsqueeze(-1), torch.zeros_like(returns))
     return adv, returns

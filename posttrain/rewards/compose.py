@@ -19,7 +19,18 @@ reward model) and a serial loop over them is what users of other stacks complain
 
 Each component is kept separately (GDPO normalises them one by one; every one is logged).
 A function that *raises* is a bug and stops the run with its name; only hangs and crashes
-become ``None``.
+become ``None``. What a function returns is checked:
+
+- ``None`` is "no score"; how the weighted sum treats it (left out for a prompt the reward
+  does not apply to, else the sample is masked, never scored 0) is ``combine.py``'s rule;
+- NaN is read as ``None`` (TRL reads both as NaN), but as it is more often a bug (0/0, a
+  model's NaN) than an answer, each batch with one logs a warning naming the function and
+  the first sample, and ``reward/<name>/nan`` counts them: return ``None`` to say "no score";
+- ±inf stops the run naming the function, the sample and the value: an infinite reward has
+  no finite advantage, and its group's NaN advantages would be dropped without a word;
+- when more than ``max_failed_fraction`` of a batch's samples get no score from a function
+  (timeouts, crashes, ``None``/NaN where it applies), the run stops naming it and the counts
+  (``reward/<name>/failed_fraction`` logs the share every step).
 """
 
 from __future__ import annotations
@@ -41,6 +52,14 @@ import torch
 from torch import Tensor
 
 from posttrain.errors import PosttrainError
+from posttrain.rewards.combine import (
+    DEFAULT_MAX_FAILED_FRACTION,
+    combine,
+    failed_share_message,
+    prompt_groups,
+    reward_applies,
+    unscored,
+)
 from posttrain.rewards.pool import (
     Deferred,
     Task,
@@ -79,17 +98,20 @@ class RewardResult:
     """Scores of B completions under K reward functions."""
 
     names: list[str]
-    components: Tensor  # [B, K] float32, NaN where a function returned None
+    components: Tensor  # [B, K] float32, NaN where a function returned None (or NaN), timed out or crashed
     weights: Tensor  # [K]
     metrics: dict[str, float]
+    failed: Tensor | None = None  # [B, K] bool: the call timed out or its worker crashed; None: none did
+    applies: Tensor | None = None  # [B, K] bool: reward k applies to sample i's prompt (combine.py)
 
     @property
     def scores(self) -> Tensor:
-        """[B] Σ_k w_k·r_k over the components that are present; NaN when none is (the sample
-        is then masked out of the update, never scored 0)."""
-        present = ~torch.isnan(self.components)
-        weighted = torch.where(present, self.components * self.weights, torch.zeros_like(self.components))
-        return torch.where(present.any(-1), weighted.sum(-1), torch.full_like(weighted[:, 0], math.nan))
+        """[B] Σ_k w_k·r_k over the rewards that apply to the sample's prompt; NaN (the sample
+        is masked out of the update, never scored 0) when one of them has no score for it or
+        none applies. The rule: ``combine.py``."""
+        failed = torch.zeros_like(self.components, dtype=torch.bool) if self.failed is None else self.failed
+        applies = ~self.components.isnan() if self.applies is None else self.applies
+        return combine(self.components, self.weights, applies, failed)
 
 
 class RewardSet:
@@ -97,7 +119,9 @@ class RewardSet:
 
     ``workers``: worker processes for plain functions (default: one per core, at most 8;
     0 runs them in threads). ``timeout_s``: seconds one call may take unless the reward's own
-    ``timeout`` says otherwise (None: wait forever). Workers start on the first call and are
+    ``timeout`` says otherwise (None: wait forever). ``max_failed_fraction``: the share of a
+    batch's samples a function may leave unscored before :meth:`score` stops the run, unless
+    the reward's own entry says otherwise (1: never). Workers start on the first call and are
     kept; :meth:`close` (or ``with RewardSet(...) as rewards:``) stops them.
     """
 
@@ -107,6 +131,7 @@ class RewardSet:
         *,
         workers: int | None = None,
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        max_failed_fraction: float = DEFAULT_MAX_FAILED_FRACTION,
     ) -> None:
         if not rewards:
             raise ValueError("at least one reward function is needed")
@@ -117,9 +142,12 @@ class RewardSet:
             raise ValueError(f"workers must be >= 0 (0: run plain functions in threads), got {workers}")
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive or None, got {timeout_s}")
+        if not 0 <= max_failed_fraction <= 1:
+            raise ValueError(f"max_failed_fraction must be a share in [0, 1], got {max_failed_fraction}")
         self.rewards = list(rewards)
         self.workers = default_workers() if workers is None else workers
         self.timeout_s = timeout_s
+        self.max_failed_fraction = max_failed_fraction
         self._pickled: dict[str, bytes] = {}
         self.modes: dict[str, str] = {}
         """How each function runs: "pool", "thread", "async" or "in_process"."""
@@ -138,8 +166,13 @@ class RewardSet:
         completions: Sequence[Any],
         completion_ids: Sequence[Sequence[int]],
         columns: Mapping[str, Sequence[Any]] | None = None,
+        group_ids: Tensor | None = None,
     ) -> RewardResult:
-        """Run every function on the batch; ``columns`` are aligned with ``completions``."""
+        """Run every function on the batch; ``columns`` are aligned with ``completions``.
+        ``group_ids [B]`` says which samples answer the same prompt (whether a reward applies
+        to a prompt is decided over its samples, ``combine.py``); default: equal prompts.
+        Raises :class:`RewardFunctionError` for a function that raises, returns ±inf or leaves
+        more than its ``max_failed_fraction`` of the samples unscored."""
         columns = dict(columns or {})
         for key, values in columns.items():
             if len(values) != len(completions):
@@ -151,18 +184,54 @@ class RewardSet:
             "completion_ids": [list(ids) for ids in completion_ids],
             **columns,
         }
-        outcomes = _run_coroutine(self._run_all(kwargs, len(completions)))
+        size = len(completions)
+        outcomes = _run_coroutine(self._run_all(kwargs, size))
         metrics: dict[str, float] = {}
-        values = []
+        values, failed = [], []
         for reward, outcome in zip(self.rewards, outcomes, strict=True):
             values.append(outcome.values)
+            failed.append(outcome.failed or [False] * size)
             metrics.update(_component_metrics(reward.name, outcome.values, outcome.seconds))
             metrics[f"reward/{reward.name}/timeouts"] = float(outcome.timeouts)
             metrics[f"reward/{reward.name}/crashes"] = float(outcome.crashes)
+            metrics[f"reward/{reward.name}/nan"] = float(len(outcome.nans))
             metrics.update({f"reward/{reward.name}/{k}": float(v) for k, v in outcome.metrics.items()})
-        components = torch.tensor(values, dtype=torch.float32).T.reshape(len(completions), len(self.rewards))
+            if outcome.nans:
+                log.warning(
+                    "reward %r returned NaN for %d of %d samples (first: completion %d); they get no score, like "
+                    "None (return None to say so without this warning; counted in reward/%s/nan)",
+                    reward.name,
+                    len(outcome.nans),
+                    size,
+                    outcome.nans[0],
+                    reward.name,
+                )
+        shape = (size, len(self.rewards))
+        components = torch.tensor(values, dtype=torch.float32).T.reshape(shape)
+        failed_mask = torch.tensor(failed, dtype=torch.bool).T.reshape(shape)
         weights = torch.tensor([r.weight for r in self.rewards], dtype=torch.float32)
-        return RewardResult(self.names, components, weights, metrics)
+        applies = reward_applies(components, prompt_groups(prompts) if group_ids is None else group_ids)
+        self._check_failures(outcomes, unscored(components, applies, failed_mask), metrics)
+        return RewardResult(self.names, components, weights, metrics, failed_mask, applies)
+
+    def _check_failures(self, outcomes: list[_Outcome], missing: Tensor, metrics: dict[str, float]) -> None:
+        """Log each function's share of unscored samples; stop at the first above its limit."""
+        size = missing.shape[0]
+        for k, (reward, outcome) in enumerate(zip(self.rewards, outcomes, strict=True)):
+            failed = int(missing[:, k].sum())
+            metrics[f"reward/{reward.name}/failed_fraction"] = failed / max(size, 1)
+            limit = self.max_failed_fraction if reward.max_failed_fraction is None else reward.max_failed_fraction
+            message = failed_share_message(
+                reward.name,
+                failed,
+                size,
+                limit,
+                timeouts=outcome.timeouts,
+                crashes=outcome.crashes,
+                timeout_s=self._timeout(reward),
+            )
+            if message is not None:
+                raise RewardFunctionError(message)
 
     def state_dict(self) -> dict[str, Any]:
         """The state of every stateful reward function (see ``NamedReward.stateful``), by name."""
@@ -257,11 +326,12 @@ class RewardSet:
                 size,
                 "" if mode == "async" else " (its thread cannot be stopped and keeps running)",
             )
-            return _Outcome([math.nan] * size, time.perf_counter() - start, timeouts=size)
+            return _Outcome([math.nan] * size, time.perf_counter() - start, timeouts=size, failed=[True] * size)
         if job.exception() is not None:
             raise _raised(reward.name, job.exception()) from job.exception()
         output = job.result()
-        return _Outcome(_check_output(reward.name, output, size), time.perf_counter() - start, _metrics_of(output))
+        column, nans = _check_output(reward.name, output, size)
+        return _Outcome(column, time.perf_counter() - start, _metrics_of(output), nans=nans)
 
     def _run_pooled(self, rewards: list[NamedReward], kwargs: dict[str, Any], size: int) -> dict[str, _Outcome]:
         """Every pooled function's chunks in one run of the pool, so chunks of different
@@ -309,19 +379,26 @@ class _Outcome:
     metrics: dict[str, float] = field(default_factory=dict)
     timeouts: int = 0
     crashes: int = 0
+    failed: list[bool] = field(default_factory=list)  # per sample: timed out or crashed ([]: none)
+    nans: list[int] = field(default_factory=list)  # batch indices where the function returned NaN
 
 
 def _combine_chunks(name: str, chunks: list[tuple[slice, TaskResult]], start: float) -> _Outcome:
     """The chunks' values in batch order; a chunk's extra metrics are averaged over the chunks,
     weighted by their sizes. A chunk that raised raises here, naming the function."""
     values: list[float] = []
+    failed: list[bool] = []
+    nans: list[int] = []
     timeouts = crashes = 0
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     for part, result in chunks:
         n = part.stop - part.start
+        failed += [result.status in ("timeout", "crash")] * n
         if result.status == "ok":
-            values += _check_output(name, result.value, n)
+            column, chunk_nans = _check_output(name, result.value, n, offset=part.start)
+            values += column
+            nans += chunk_nans
             for key, value in _metrics_of(result.value).items():
                 sums[key] = sums.get(key, 0.0) + float(value) * n
                 counts[key] = counts.get(key, 0) + n
@@ -334,7 +411,7 @@ def _combine_chunks(name: str, chunks: list[tuple[slice, TaskResult]], start: fl
         crashes += n if result.status == "crash" else 0
     seconds = max((r.finished for _, r in chunks), default=start) - start
     metrics = {key: total / counts[key] for key, total in sums.items()}
-    return _Outcome(values, seconds, metrics, timeouts, crashes)
+    return _Outcome(values, seconds, metrics, timeouts, crashes, failed, nans)
 
 
 def _raised(name: str, error: BaseException) -> RewardFunctionError:
@@ -369,7 +446,10 @@ def _run_coroutine(coroutine: Any) -> Any:
         return pool.submit(asyncio.run, coroutine).result()
 
 
-def _check_output(name: str, output: Any, expected: int) -> list[float]:
+def _check_output(name: str, output: Any, expected: int, offset: int = 0) -> tuple[list[float], list[int]]:
+    """A function's values as floats (NaN for None) and the batch indices where it returned
+    NaN; raises naming the function for anything else than floats/None, or for ±inf.
+    ``offset``: the batch index of the chunk's first sample."""
     values = output.values if isinstance(output, RewardOutput) else output
     if values is None or isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
         raise RewardFunctionError(
@@ -377,18 +457,27 @@ def _check_output(name: str, output: Any, expected: int) -> list[float]:
         )
     if len(values) != expected:
         raise RewardFunctionError(f"reward function {name!r} returned {len(values)} values for {expected} completions")
-    column = []
-    for i, value in enumerate(values):
+    column, nans = [], []
+    for i, value in enumerate(values, start=offset):
         if value is None:
             column.append(math.nan)
             continue
         try:
-            column.append(float(value))
+            number = float(value)
         except (TypeError, ValueError):
             raise RewardFunctionError(
                 f"reward function {name!r} returned {value!r} for completion {i}; expected a float or None"
             ) from None
-    return column
+        if math.isinf(number):
+            raise RewardFunctionError(
+                f"reward function {name!r} returned {number!r} for completion {i} of the batch; a reward must be a "
+                "finite float (or None for no score): an infinite one gives its whole group NaN advantages. "
+                "Clip the value in the function"
+            )
+        if math.isnan(number):
+            nans.append(i)
+        column.append(number)
+    return column, nans
 
 
 def _component_metrics(name: str, column: list[float], seconds: float) -> dict[str, float]:

@@ -9,14 +9,16 @@ A reward function follows TRL's signature (DESIGN.md, public contract)::
 ``{"role", "content"}`` messages) gets its prompt as those messages and its completion as one
 assistant message, ``[{"role": "assistant", "content": text}]`` (:func:`reward_completions`);
 a text prompt gets text. So ``completion[0]["content"]`` written for TRL works unchanged.
-``None`` means "not applicable / could not be computed" and is masked out, never read as 0.
-A function may instead return a :class:`RewardOutput` to log extra metrics.
-``async def`` functions are awaited.
+``None`` means "not applicable / could not be computed": the sample is masked out, never
+read as 0 (how several rewards combine around a ``None``: ``combine.py``). NaN is read as
+``None`` but warned about and counted in ``reward/<name>/nan``; ±inf stops the run (a bug of
+the function: it would make its group's advantages NaN). A function may instead return a
+:class:`RewardOutput` to log extra metrics. ``async def`` functions are awaited.
 
 A config names a reward as a built-in (``"math"``), a dotted path importable from the working
 directory (``"mypkg.rewards:exact"``), or a mapping with options
 (``{name: overlong, max_length: 64, cache_length: 16}``); built-ins that take options are
-classes whose constructor receives them. Three keys of a mapping are about how the function
+classes whose constructor receives them. Four keys of a mapping are about how the function
 is run, not options of it, and work for every entry:
 
 - ``alias``: the name it is logged under (to use one function twice, or shorten a path);
@@ -26,7 +28,10 @@ is run, not options of it, and work for every entry:
 - ``chunks``: at most this many pieces the batch is split into across worker processes;
   default: one per worker for a plain function (chunks of at least 8 rows), 1 (the whole
   batch) for a callable object such as ``code``. Use 1 for a function that compares samples
-  with each other.
+  with each other;
+- ``max_failed_fraction``: stop the run when more than this share of a batch's samples get no
+  score from it (timeouts, crashes, ``None``/NaN where it scores other samples of the same
+  prompt); default: the RewardSet's (config ``reward_max_failed_fraction``, 0.5); 1: never.
 """
 
 from __future__ import annotations
@@ -94,6 +99,8 @@ class NamedReward:
     chunks: int | None = None
     """At most this many pieces a batch is split into across worker processes; None: the
     function's ``pool_chunks`` attribute if it has one, else see ``RewardSet._chunks``."""
+    max_failed_fraction: float | None = None
+    """Stop when more of a batch's samples than this share get no score; None: the RewardSet's."""
     builtin: tuple[str, dict[str, Any]] | None = None
     """(registered name, options) of a built-in class: a worker process builds its own copy
     from them when the object itself cannot be pickled (a lock, an open handle)."""
@@ -105,6 +112,10 @@ class NamedReward:
             raise RewardSpecError(f"reward {self.name!r}: chunks must be a positive integer, got {self.chunks!r}")
         if self.chunks is not None and self.chunks < 1:
             raise RewardSpecError(f"reward {self.name!r}: chunks must be a positive integer, got {self.chunks}")
+        share = self.max_failed_fraction
+        is_number = isinstance(share, (int, float)) and not isinstance(share, bool)
+        if share is not None and (not is_number or not 0 <= share <= 1):
+            raise RewardSpecError(f"reward {self.name!r}: max_failed_fraction must be a share in [0, 1], got {share!r}")
 
     @property
     def is_async(self) -> bool:
@@ -137,7 +148,11 @@ def resolve_reward(spec: str | Mapping[str, Any] | RewardFn, weight: float = 1.0
             raise RewardSpecError(f"rewards entry {dict(spec)!r} needs a 'name' (a built-in or pkg.module:fn)")
         spec = options.pop("name")
     alias = options.pop("alias", None)
-    run = {"timeout_s": _timeout(spec, options.pop("timeout", None)), "chunks": options.pop("chunks", None)}
+    run = {
+        "timeout_s": _timeout(spec, options.pop("timeout", None)),
+        "chunks": options.pop("chunks", None),
+        "max_failed_fraction": options.pop("max_failed_fraction", None),
+    }
     if ":" in spec:
         fn = _import_path(spec)
         if options:

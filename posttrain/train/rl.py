@@ -55,7 +55,8 @@ from posttrain.data import DataError
 from posttrain.data.lengths import context_limit, drop_overlong
 from posttrain.memory import return_free_memory
 from posttrain.models.logprobs import response_logprobs, shared_prompt_logprobs
-from posttrain.rewards import NamedReward, RewardSet, resolve_reward
+from posttrain.rewards import NamedReward, RewardFunctionError, RewardSet, resolve_reward
+from posttrain.rewards.combine import combine, reward_applies
 from posttrain.rollout.engine import build_engine
 from posttrain.rollout.types import SamplingParams
 from posttrain.telemetry import MetricsLogger, Progress, write_failure_report, write_report
@@ -138,6 +139,7 @@ class OnlineRL:
             self._resolve_rewards(reward_functions, task_reward),
             workers=config.reward_workers,
             timeout_s=config.reward_timeout,
+            max_failed_fraction=config.reward_max_failed_fraction,
         )
 
         torch.manual_seed(config.seed)  # the policy's initial weights do not depend on the rewards built
@@ -366,8 +368,7 @@ class OnlineRL:
                 metrics["time/generate_s"] += round_metrics["time/generate_s"]
                 metrics["time/reward_s"] += round_metrics["time/reward_s"]
             if dynamic.enabled:
-                keep = dapo_group_filter(torch.nan_to_num(batch.scores, nan=0.0), batch.group_ids)
-                batch = batch.select(torch.nonzero(keep).flatten())
+                batch = batch.select(torch.nonzero(_groups_with_signal(batch)).flatten())
             kept.append(batch)
             kept_groups += int(batch.group_ids.unique().numel())
             if kept_groups >= config.prompts_per_step:
@@ -406,7 +407,9 @@ class OnlineRL:
         rollouts = self.engine.generate([self.prompt_ids[i] for i in indices], sampling)
         t1 = time.perf_counter()
         batch = from_rollouts(rollouts, self.tokenizer, rows, self.prompt_column, group_offset)
-        result = self.rewards.score(batch.prompts, batch.completions, batch.completion_ids, batch.columns)
+        result = self.rewards.score(
+            batch.prompts, batch.completions, batch.completion_ids, batch.columns, group_ids=batch.group_ids
+        )
         t2 = time.perf_counter()
         scores = result.scores
         if self.algo.overlong.enabled:
@@ -449,14 +452,24 @@ class OnlineRL:
     # ------------------------------------------------------------------ advantages
     @torch.no_grad()
     def prepare(self, batch: RolloutBatch, metrics: dict[str, float]) -> RolloutBatch:
-        """Drop unscored samples; add π_old, π_ref, values, token rewards and advantages."""
+        """Drop unscored samples (and, for ReMax, prompts whose greedy decode got no reward);
+        add π_old, π_ref, values, token rewards and advantages."""
         algo = self.algo
         scored = ~batch.scores.isnan()
         if not bool(scored.all()):
             metrics["reward/unscored_dropped"] = float((~scored).sum())
             batch = batch.select(torch.nonzero(scored).flatten())
+        baseline = self._baseline(batch) if len(batch) else None
+        if baseline is not None and bool(baseline.isnan().any()):
+            # no baseline is no advantage: A = r − 0 would be a made-up signal for the whole prompt
+            has_baseline = ~baseline.isnan()
+            metrics["reward/baseline_missing_dropped"] = float((~has_baseline).sum())
+            batch, baseline = batch.select(torch.nonzero(has_baseline).flatten()), baseline[has_baseline]
         if len(batch) == 0:
-            raise RuntimeError("no sample of this batch got a reward (every function returned None); see reward/*")
+            raise RewardFunctionError(
+                "no sample of this batch has a reward (every one is None, NaN, timed out or lacks its greedy "
+                "baseline); see the reward/*/none_fraction and reward/*/failed_fraction metrics"
+            )
         loss_mask = batch.response_mask.clone()
         if algo.mask_truncated:
             loss_mask[batch.truncated] = 0.0
@@ -494,13 +507,12 @@ class OnlineRL:
             self.kl_controller.update(float(kl_metrics["kl"]), len(batch))
         else:
             batch.token_rewards = place_scores_at_last_token(batch.scores, batch.response_mask)
-        batch.baseline_scores = self._baseline(batch)
+        batch.baseline_scores = baseline
         options = dict(algo.advantage_options)
         if algo.advantage == "gdpo" and "component_weights" not in options:
             options["component_weights"] = self.rewards_weights
+        # components stay NaN where a reward does not apply to a prompt: GDPO leaves them out
         components = batch.reward_components
-        if components is not None and algo.advantage == "gdpo":
-            components = torch.nan_to_num(components, nan=0.0)
         batch.advantages, batch.returns = ADVANTAGE_ESTIMATORS[algo.advantage](
             token_rewards=batch.token_rewards,
             response_mask=batch.response_mask,
@@ -512,6 +524,13 @@ class OnlineRL:
         )
         valid = batch.response_mask.bool()
         adv = batch.advantages[valid]
+        if not bool(torch.isfinite(adv).all()):
+            # a NaN advantage would only make its samples look inactive and skip them in silence
+            raise TrainingDiverged(
+                f"{int((~torch.isfinite(adv)).sum())} advantages of this batch are not finite (rewards from "
+                f"{float(batch.scores.min()):g} to {float(batch.scores.max()):g}); check the scale of the rewards"
+                + (" and the critic's values" if batch.values is not None else "")
+            )
         if adv.numel():
             metrics.update(
                 {
@@ -536,7 +555,9 @@ class OnlineRL:
         return None
 
     def _greedy_baseline(self, batch: RolloutBatch) -> Tensor:
-        """ReMax: the reward of one greedy completion per prompt, for every sample of that prompt."""
+        """ReMax: the reward of one greedy completion per prompt, for every sample of that prompt,
+        summed over the same rewards as the prompt's samples; NaN when the greedy completion
+        has no score from one of them (the prompt is then dropped, never compared with 0)."""
         groups, first = torch.unique(batch.group_ids, return_inverse=True)
         representative = [int(torch.nonzero(first == g)[0]) for g in range(groups.numel())]
         prompts = [batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist() for i in representative]
@@ -550,7 +571,9 @@ class OnlineRL:
         ]
         greedy = from_rollouts(rollouts, self.tokenizer, rows, self.prompt_column)
         result = self.rewards.score(greedy.prompts, greedy.completions, greedy.completion_ids, greedy.columns)
-        return torch.nan_to_num(result.scores, nan=0.0)[first]
+        applies = reward_applies(batch.reward_components, batch.group_ids)[representative]
+        failed = result.failed if result.failed is not None else torch.zeros_like(applies)
+        return combine(result.components, result.weights, applies, failed)[first]
 
     def sequence_logprobs(
         self, model: nn.Module, batch: RolloutBatch, *, with_entropy: bool = False
@@ -847,6 +870,15 @@ class OnlineRL:
         self.engine.update_weights(int(state["step"]))
         self.echo(f"[resume] step {state['step']} restored from {path}")
         return int(state["step"])
+
+
+def _groups_with_signal(batch: RolloutBatch) -> Tensor:
+    """``[B]`` keep mask of DAPO's dynamic sampling, judged on the scored samples only: a
+    missing score read as 0 would make [1, 1, None, 1] look like a group with signal. Unscored
+    samples of a kept group stay (``prepare`` drops and counts them)."""
+    scored = ~batch.scores.isnan()
+    keep = dapo_group_filter(batch.scores[scored], batch.group_ids[scored])
+    return torch.isin(batch.group_ids, batch.group_ids[scored][keep])
 
 
 def _zero_variance_shares(std: Tensor, size: Tensor, scores: Tensor, group_ids: Tensor) -> tuple[float, float]:

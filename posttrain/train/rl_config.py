@@ -186,6 +186,10 @@ class RLRun(Section):
     reward_timeout: float | None = Field(600.0, gt=0)
     """Seconds one reward call may take; past it its samples get None (counted in
     reward/<name>/timeouts) and the run goes on. null: wait forever."""
+    reward_max_failed_fraction: float = Field(0.5, ge=0, le=1)
+    """Stop the run when one reward function leaves more than this share of a batch's samples
+    without a score (timeouts, crashes, None/NaN where it scores other samples of the same
+    prompt); a rewards entry's own max_failed_fraction overrides it. 1: never stop."""
     algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection)
     """The algorithm: `algorithm: grpo` loads a preset; sub-keys override its fields."""
     steps: int = Field(200, ge=1)

@@ -130,7 +130,8 @@ def test_chunks_run_in_different_workers_and_metrics_are_averaged_by_size(reward
 
 
 def test_a_call_that_hangs_times_out_and_the_rest_of_the_batch_is_kept(rewards_of):
-    rewards = rewards_of(NamedReward("row", row_index), NamedReward("hang", sleep_forever, timeout_s=1.0), workers=2)
+    hang = NamedReward("hang", sleep_forever, timeout_s=1.0, max_failed_fraction=1.0)
+    rewards = rewards_of(NamedReward("row", row_index), hang, workers=2)
     prompts, completions, ids, columns = batch(4, row=list(range(4)))
     rewards.start()  # the clock of a call starts when a ready worker takes it
     start = time.perf_counter()
@@ -138,15 +139,17 @@ def test_a_call_that_hangs_times_out_and_the_rest_of_the_batch_is_kept(rewards_o
     assert time.perf_counter() - start < 1.0 + 2.0
     assert result.components[:, 1].isnan().all() and result.components[:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
     assert result.metrics["reward/hang/timeouts"] == 4 and result.metrics["reward/row/timeouts"] == 0
-    assert result.scores.tolist() == [0.0, 1.0, 2.0, 3.0]  # the other component still scores them
+    # a reward that timed out leaves its samples unscored, never scored by the others alone
+    assert result.scores.isnan().all() and result.metrics["reward/hang/failed_fraction"] == 1.0
     # the killed workers were replaced: the next call works
     again = rewards.score(prompts, completions, ids, columns)
     assert again.components[:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
 def test_a_timeout_from_the_config_entry_applies_to_that_reward(rewards_of):
-    entry = resolve_reward({"name": "tests.rewards.test_pool:sleep_forever", "timeout": 1, "alias": "slow"})
-    assert entry.name == "slow" and entry.timeout_s == 1.0
+    spec = {"name": "tests.rewards.test_pool:sleep_forever", "timeout": 1, "alias": "slow", "max_failed_fraction": 1}
+    entry = resolve_reward(spec)
+    assert entry.name == "slow" and entry.timeout_s == 1.0 and entry.max_failed_fraction == 1
     rewards = rewards_of(entry, workers=1, timeout_s=None)
     rewards.start()
     start = time.perf_counter()
@@ -162,7 +165,7 @@ def test_a_timeout_from_the_config_entry_applies_to_that_reward(rewards_of):
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
 def test_a_timeout_kills_the_programs_the_function_started(rewards_of, tmp_path):
     pid_file = tmp_path / "child.pid"
-    rewards = rewards_of(NamedReward("child", start_child_then_hang, timeout_s=1.0), workers=1)
+    rewards = rewards_of(NamedReward("child", start_child_then_hang, timeout_s=1.0), workers=1, max_failed_fraction=1)
     rewards.score(["p"], ["c"], [[1]], {"pid_file": [str(pid_file)]})
     child = int(pid_file.read_text())
     time.sleep(0.2)
@@ -230,7 +233,7 @@ def test_a_thread_that_hangs_times_out_without_holding_the_run(rewards_of):
         release.wait()
         return [1.0] * len(completions)
 
-    rewards = rewards_of(NamedReward("stuck", stuck, timeout_s=0.5), workers=0)
+    rewards = rewards_of(NamedReward("stuck", stuck, timeout_s=0.5), workers=0, max_failed_fraction=1.0)
     start = time.perf_counter()
     result = rewards.score(*batch(3))
     assert time.perf_counter() - start < 0.5 + 2.0
@@ -241,7 +244,7 @@ def test_a_thread_that_hangs_times_out_without_holding_the_run(rewards_of):
 def test_async_functions_still_work_and_time_out(rewards_of):
     rewards = rewards_of(
         NamedReward("double", async_double),
-        NamedReward("never", async_forever, timeout_s=0.5),
+        NamedReward("never", async_forever, timeout_s=0.5, max_failed_fraction=1.0),
         NamedReward("row", row_index),
         workers=2,
     )

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from posttrain.rewards import REWARDS, RewardFunctionError, RewardOutput, RewardSet, resolve_reward
+from posttrain.rewards import REWARDS, NamedReward, RewardFunctionError, RewardOutput, RewardSet, resolve_reward
 from posttrain.rewards.math_answer import answers_match, extract_answer
 
 
@@ -34,10 +34,11 @@ def test_weights_none_and_components_are_kept():
     def other(prompts, completions, completion_ids, **_):
         return [1.0, 2.0, None]
 
-    result = score([(half, 2.0), (other, 1.0)], ["p"] * 3, ["a", "b", "c"])
+    result = score([(half, 2.0), (other, 1.0)], ["p", "q", "r"], ["a", "b", "c"])
     assert result.names == ["half", "other"]
     assert result.components[1, 0].isnan() and result.components[1, 1] == 2.0
-    # Σ w·r over present components; a sample with none present is NaN (masked), never 0
+    # three prompts: Σ w·r over the components that apply to each (`half` scores none of "q"'s
+    # samples); a sample with none present is NaN (masked), never 0
     assert result.scores[:2].tolist() == [2.0 * 0.5 + 1.0, 2.0] and result.scores[2].isnan()
     assert result.metrics["reward/half/none_fraction"] == pytest.approx(2 / 3)
 
@@ -167,3 +168,117 @@ def test_preference_rule_reward_is_the_tasks_labelling_rule():
     prompts = ["Describe the cat.", "Describe the cat.", "Describe the owl."]
     completions = [" nice calm cat.", " good good good good.", " nice calm cat."]
     assert fn(prompts, completions, None) == [3.0, -2.0, 2.0]
+
+
+# ---- values a reward must not return silently: ±inf, NaN, missing scores, too many failures ----
+
+
+def inf_at_ten(prompts, completions, completion_ids, **columns):
+    """A worker imports it by name: +inf for the sample at batch index 10."""
+    return [math.inf if row == 10 else 0.5 for row in columns["row"]]
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf])
+def test_an_infinite_reward_stops_naming_the_function_the_sample_and_the_value(value):
+    def unbounded(prompts, completions, completion_ids, **_):
+        return [1.0, value, 0.0]
+
+    with pytest.raises(RewardFunctionError) as error:
+        score([unbounded], ["p"] * 3, ["a", "b", "c"])
+    message = str(error.value)
+    assert "'unbounded'" in message and "completion 1" in message and repr(value) in message
+
+
+def test_an_infinite_reward_in_a_worker_chunk_names_its_index_in_the_whole_batch():
+    rewards = RewardSet([resolve_reward({"name": "tests.rewards.test_rewards:inf_at_ten", "chunks": 2})], workers=2)
+    with rewards, pytest.raises(RewardFunctionError, match=r"'inf_at_ten' returned inf for completion 10\b"):
+        rewards.score(["p"] * 16, ["c"] * 16, [[1]] * 16, {"row": list(range(16))})
+
+
+def test_nan_is_no_score_like_none_but_warned_and_counted(caplog):
+    def shaky(prompts, completions, completion_ids, **_):
+        return [1.0, math.nan, 0.5, math.nan]
+
+    with caplog.at_level("WARNING", logger="posttrain.rewards.compose"):
+        result = score([shaky], ["p", "q", "r", "s"], ["a", "b", "c", "d"])
+    assert result.scores[[0, 2]].tolist() == [1.0, 0.5] and result.scores[[1, 3]].isnan().all()
+    assert result.metrics["reward/shaky/nan"] == 2
+    warned = [r.getMessage() for r in caplog.records if "'shaky'" in r.getMessage()]
+    assert len(warned) == 1 and "NaN for 2 of 4" in warned[0] and "completion 1" in warned[0]
+
+
+def test_a_component_missing_where_it_applies_masks_the_sample_instead_of_counting_0():
+    def answer(prompts, completions, completion_ids, **_):
+        return [1.0, None, 0.0, None]  # sample 1: its prompt is scored by `answer`, it is not
+
+    def style(prompts, completions, completion_ids, **_):
+        return [0.5, 0.5, 0.5, 0.5]
+
+    # samples 0-1 answer prompt "p", 2-3 prompt "q": `answer` applies to "p" (it scored sample 0)
+    # and to "q"; samples 1 and 3 have no score for it, so their sum is missing, not 0 + 0.5
+    result = score([answer, style], ["p", "p", "q", "q"], ["a", "b", "c", "d"])
+    assert result.scores[[0, 2]].tolist() == [1.5, 0.5] and result.scores[[1, 3]].isnan().all()
+    # explicit groups (the loop's) decide over the prompt text
+    grouped = RewardSet([resolve_reward(answer), resolve_reward(style)], workers=0)
+    result = grouped.score(["p"] * 4, ["a", "b", "c", "d"], [[1]] * 4, group_ids=torch.tensor([0, 1, 2, 3]))
+    assert result.scores.tolist() == [1.5, 0.5, 0.5, 0.5]  # each its own prompt: `answer` applies to 0 and 2
+
+
+def test_a_reward_that_applies_to_none_of_a_prompts_samples_is_left_out_of_its_sum():
+    # TRL's multi-task pattern: a math reward says None for code rows and vice versa
+    def math_only(prompts, completions, completion_ids, task, **_):
+        return [1.0 if t == "math" else None for t in task]
+
+    def code_only(prompts, completions, completion_ids, task, **_):
+        return [0.25 if t == "code" else None for t in task]
+
+    def monitor(prompts, completions, completion_ids, **_):
+        return [None, 3.0, None, 3.0]  # weight 0: never masks a sample
+
+    rewards = [resolve_reward(math_only), resolve_reward(code_only), resolve_reward(monitor, 0.0)]
+    result = RewardSet(rewards, workers=0).score(
+        ["p", "p", "q", "q"], ["a", "b", "c", "d"], [[1]] * 4, {"task": ["math", "math", "code", "code"]}
+    )
+    assert result.scores.tolist() == [1.0, 1.0, 0.25, 0.25]
+    assert result.metrics["reward/math_only/failed_fraction"] == 0.0
+
+
+def test_more_failures_than_max_failed_fraction_stop_naming_the_function_and_the_counts():
+    def flaky(prompts, completions, completion_ids, **_):
+        return [1.0, None, None, None]  # one prompt, scored once of four times
+
+    with pytest.raises(RewardFunctionError) as error:
+        score([flaky], ["p"] * 4, ["a", "b", "c", "d"])
+    message = str(error.value)
+    assert "'flaky'" in message and "3 of 4 samples" in message and "3 None/NaN" in message
+    assert "max_failed_fraction=0.5" in message
+    # the entry's own threshold; a share at the threshold goes on
+    entry = {"name": "tests.rewards.test_rewards:three_of_four_none", "max_failed_fraction": 0.75}
+    result = score([entry], ["p"] * 4, ["a", "b", "c", "d"])
+    assert result.metrics["reward/three_of_four_none/failed_fraction"] == 0.75
+    for bad in (-0.1, 1.5, "most"):
+        with pytest.raises(ValueError, match="max_failed_fraction must be"):
+            resolve_reward({"name": "format", "max_failed_fraction": bad})
+
+
+def three_of_four_none(prompts, completions, completion_ids, **_):
+    return [1.0, None, None, None]
+
+
+def test_timeouts_count_against_max_failed_fraction_and_mask_their_samples():
+    async def slow(prompts, completions, completion_ids, **_):
+        await asyncio.sleep(10)
+
+    def fast(prompts, completions, completion_ids, **_):
+        return [1.0] * len(completions)
+
+    rewards = RewardSet([NamedReward("slow", slow, timeout_s=0.2), resolve_reward(fast)], workers=0)
+    expected = r"'slow' gave no score for 2 of 2 samples of this batch \(2 timed out after 0.2 s"
+    with pytest.raises(RewardFunctionError, match=expected) as error:
+        rewards.score(["p", "q"], ["a", "b"], [[1], [2]])
+    assert "timeout" in str(error.value)
+    tolerant = RewardSet(
+        [NamedReward("slow", slow, timeout_s=0.2), resolve_reward(fast)], workers=0, max_failed_fraction=1.0
+    )
+    result = tolerant.score(["p", "q"], ["a", "b"], [[1], [2]])
+    assert result.scores.isnan().all()  # a timed-out reward never leaves a sum of the others

@@ -12,7 +12,9 @@ import torch
 
 from posttrain.cli import main
 from posttrain.config import ConfigError
+from posttrain.rewards import RewardFunctionError
 from posttrain.telemetry.metrics import read_jsonl
+from posttrain.train.offline import TrainingDiverged
 from posttrain.train.rl import OnlineRL
 from posttrain.train.rl_checks import RewardPreflightError
 from posttrain.train.rl_config import load_rl_config, preset_names
@@ -270,3 +272,103 @@ def test_the_shipped_rl_config_validates():
     config = load_rl_config("configs/reverse_grpo.yaml")
     assert config.algorithm.preset == "grpo" and config.algorithm.kl.placement == "none"
     assert config.sampling.stop == ["."] and config.rollout_batch_size == 256
+
+
+# ---- silent wrong answers: an infinite reward, and missing scores under GDPO and ReMax ----
+
+
+def inf_for_sample_3(prompts, completions, completion_ids, **columns):
+    return [math.inf if i == 3 else 0.5 for i in range(len(completions))]
+
+
+def test_a_reward_returning_inf_stops_the_run_naming_it(tmp_path, capsys):
+    run = make_run(tmp_path, ["steps=2"], rewards=(vowel_share, inf_for_sample_3))
+    with pytest.raises(RewardFunctionError, match=r"'inf_for_sample_3' returned inf for completion 3\b"):
+        run.run()
+    assert not (tmp_path / "run" / "final").exists()
+
+
+def none_for_one_in_four(prompts, completions, completion_ids, **columns):
+    """Scores samples 0, 2, 3 of each group of 4; sample 1 gets None (as a failed check would)."""
+    return [None if i % 4 == 1 else float("." in text) for i, text in enumerate(completions)]
+
+
+def trained_batches(run):
+    """The batches `update` receives (the samples the step trains on)."""
+    seen, update = [], run.update
+
+    def spy(batch, step):
+        seen.append(batch)
+        return update(batch, step)
+
+    run.update = spy
+    return seen
+
+
+def test_gdpo_does_not_train_a_sample_whose_component_is_missing_as_0(tmp_path):
+    run = make_run(tmp_path, ["algorithm=gdpo", "steps=1"], rewards=(vowel_share, none_for_one_in_four))
+    seen = trained_batches(run)
+    history = run.run()
+    assert history[0]["reward/unscored_dropped"] == 4  # one sample of each of the 4 groups
+    (batch,) = seen
+    assert len(batch) == 12 and not batch.reward_components.isnan().any()
+    assert torch.isfinite(batch.advantages).all()
+
+
+def none_for_the_greedy_of_the_first_prompt(prompts, completions, completion_ids, **columns):
+    """ReMax scores one greedy completion per prompt (4 here, 16 samples otherwise): the first
+    prompt's greedy completion gets None."""
+    shares = vowel_share(prompts, completions, completion_ids)
+    return [None, *shares[1:]] if len(completions) == 4 else shares
+
+
+def test_remax_does_not_use_a_missing_greedy_baseline_as_0(tmp_path):
+    run = make_run(tmp_path, ["algorithm=remax", "steps=1"], rewards=(none_for_the_greedy_of_the_first_prompt,))
+    seen = trained_batches(run)
+    history = run.run()
+    assert history[0]["reward/baseline_missing_dropped"] == 4  # the first prompt's group, not A = r − 0
+    (batch,) = seen
+    assert len(batch) == 12 and batch.group_ids.unique().numel() == 3
+    assert not batch.baseline_scores.isnan().any()
+
+
+def none_for_three_in_four(prompts, completions, completion_ids, **columns):
+    return [vowel_share(None, [text], None)[0] if i % 4 == 0 else None for i, text in enumerate(completions)]
+
+
+def test_a_reward_missing_for_most_samples_stops_the_run_unless_allowed(tmp_path):
+    run = make_run(tmp_path, ["steps=1"], rewards=(none_for_three_in_four,))
+    with pytest.raises(RewardFunctionError, match=r"'none_for_three_in_four' gave no score for 12 of 16 samples"):
+        run.run()
+    run = make_run(tmp_path, ["steps=1", "reward_max_failed_fraction=1"], rewards=(none_for_three_in_four,), name="ok")
+    history = run.run()
+    assert history[0]["reward/unscored_dropped"] == 12
+    assert history[0]["reward/none_for_three_in_four/failed_fraction"] == 0.75
+
+
+def huge(prompts, completions, completion_ids, **columns):
+    """Finite rewards whose group mean overflows float32: GRPO's advantages become NaN."""
+    return [-3e38 if i % 4 == 3 else 3e38 for i in range(len(completions))]
+
+
+def test_non_finite_advantages_stop_the_run_instead_of_skipping_their_samples(tmp_path):
+    run = make_run(tmp_path, ["steps=1"], rewards=(huge,))
+    with pytest.raises(TrainingDiverged, match=r"advantages of this batch are not finite .*scale of the rewards"):
+        run.run()
+
+
+def none_in_an_otherwise_constant_first_group(prompts, completions, completion_ids, **columns):
+    """The first group of each round scores [1, 1, None, 1]: no signal once the None is masked."""
+    shares = vowel_share(prompts, completions, completion_ids)
+    return [(None if i == 2 else 1.0) if i < 4 else share for i, share in enumerate(shares)]
+
+
+def test_dynamic_sampling_does_not_read_a_missing_score_as_0(tmp_path):
+    overrides = ["algorithm=dapo", "algorithm.overlong.enabled=false", "steps=1"]
+    run = make_run(tmp_path, overrides, rewards=(none_in_an_otherwise_constant_first_group,))
+    batch, _ = run.collect(1)
+    stats = {}
+    for group, score in zip(batch.group_ids.tolist(), batch.scores.tolist(), strict=True):
+        if not math.isnan(score):
+            stats.setdefault(group, set()).add(score)
+    assert stats and all(len(values) > 1 for values in stats.values())  # [1, 1, 1] is no signal
