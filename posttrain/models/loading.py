@@ -1,9 +1,10 @@
 """Load models and tokenizers from local folders, exactly as a user's downloaded checkpoint.
 
-posttrain never reaches a model hub: every path is a local folder (``save_pretrained``
-output, or a Hub snapshot a user downloaded). Every check runs before transformers is asked
-for anything, so a wrong path gives a message that names the folder, what was found there
-and what to do, instead of a network timeout or a traceback deep inside transformers.
+A path is a local folder (``save_pretrained`` output, or a Hub snapshot a user downloaded) or
+a Hub id (``org/name``), which resolves to its snapshot in the Hugging Face cache, downloaded
+into it first when the Hub can be reached. Every check runs before transformers is asked for
+anything, so a wrong path gives a message that names the folder, what was found there and
+what to do, instead of a network timeout or a traceback deep inside transformers.
 """
 
 from __future__ import annotations
@@ -50,23 +51,37 @@ def resolve_dtype(dtype: DtypeName | torch.dtype) -> torch.dtype | str:
 
 
 def existing_folder(path: str | Path, what: str = "model") -> Path:
-    """``path`` as a Path if it is a local folder; otherwise an error that says posttrain does
-    not download, with the download command when ``path`` looks like a Hub id."""
+    """``path`` as a local folder: the folder itself, or, for a Hub id (``org/name``) that is not a
+    local path, its snapshot in the Hugging Face cache, downloaded first when the Hub can be
+    reached (as ``from_pretrained`` does in TRL; ``HF_HUB_OFFLINE=1`` uses the cache only).
+    Otherwise an error naming where it looked and what to do."""
     folder = Path(path).expanduser()
     if folder.is_dir():
         return folder
     if folder.exists():
         raise ModelLoadError(f"{what} path {str(path)!r} is a file; give the folder that holds config.json")
-    message = (
-        f"{what} path {str(path)!r} does not exist (looked for {folder.resolve()}). posttrain loads "
-        "local folders only; it never downloads from the Hugging Face Hub"
-    )
+    message = f"{what} path {str(path)!r} does not exist (looked for {folder.resolve()})"
     if _HUB_ID.match(str(path)):
+        snapshot, reason = hub_snapshot(str(path))
+        if snapshot is not None:
+            return snapshot
         message += (
-            f". If {str(path)!r} is a Hub model id, download it where there is network "
-            f"(`hf download {path} --local-dir DIR`) and pass DIR"
+            f", and as a Hub id it is neither in the Hugging Face cache nor downloadable ({reason}). "
+            f"Download it where there is network (`hf download {path}`, into the cache, or with --local-dir "
+            "DIR and pass DIR)"
         )
     raise ModelLoadError(message)
+
+
+def hub_snapshot(repo_id: str, repo_type: str = "model") -> tuple[Path | None, str]:
+    """The local snapshot folder of a Hub repository (from the cache, or downloaded into it), or
+    None and why not."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, repo_type=repo_type)), ""
+    except Exception as error:  # offline, unknown repository, gated, no cache: the reason goes in the message
+        return None, f"{type(error).__name__}: {str(error).splitlines()[0]}"
 
 
 def check_model_folder(path: str | Path) -> Path:

@@ -62,7 +62,8 @@ class LoraSection(Section):
 
 class ModelSection(Section):
     path: str | None = None
-    """A local Hugging Face model folder. When set, `tiny` is ignored."""
+    """A local Hugging Face model folder, or a Hub id (org/name) found in the Hugging Face cache or
+    downloaded into it. When set, `tiny` is ignored."""
     tiny: TinyModel | None = None
     """Build a tiny model from this spec instead of loading one."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"

@@ -52,15 +52,6 @@ def test_dtype_and_gradient_checkpointing(saved):
         load_causal_lm(folder, dtype="fp8")
 
 
-def test_a_hub_id_says_posttrain_loads_local_folders():
-    for name in ("Qwen/Qwen2-0.5B", "gpt2"):
-        with pytest.raises(ModelLoadError, match="local folders only") as error:
-            load_causal_lm(name)
-        assert f"hf download {name}" in str(error.value)
-    with pytest.raises(ModelLoadError, match="local folders only"):
-        load_tokenizer("Qwen/Qwen2-0.5B")
-
-
 def test_missing_folder_file_and_folder_without_config(tmp_path):
     with pytest.raises(ModelLoadError, match=f"does not exist \\(looked for {tmp_path / 'nope'}\\)"):
         load_causal_lm(tmp_path / "nope")
