@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.errors import PosttrainError
+from posttrain.hub import hub_snapshot, looks_like_hub_id
 
 Row = dict[str, Any]
 SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
@@ -58,9 +59,15 @@ def load_rows(path: str | Path, *, split: str | None = None) -> Rows:
     holds one split only. A file, or a folder with a single ``Dataset``, has no splits, and
     naming one is an error rather than silently ignored.
     """
-    path = Path(path).expanduser()
+    given, path = str(path), Path(path).expanduser()
     if not path.exists():
-        raise DataError(f"data path {str(path)!r} does not exist (posttrain reads local files only)")
+        message = f"data path {given!r} does not exist (looked for {path.resolve()})"
+        if looks_like_hub_id(given):
+            snapshot, reason = hub_snapshot(given, repo_type="dataset")
+            if snapshot is not None:
+                return _load_hub_snapshot(snapshot, given, split)
+            message += f", and as a Hub dataset id it is neither in the Hugging Face cache nor downloadable ({reason})"
+        raise DataError(message)
     if path.is_dir():
         return _load_saved_dataset(path, split)
     if split is not None:
@@ -128,8 +135,19 @@ def _load_tabular(path: Path, suffix: str) -> Rows:
     return Rows(table.to_pylist())
 
 
+def _load_hub_snapshot(folder: Path, repo_id: str, split: str | None) -> Rows:
+    """A Hub dataset's files (jsonl, json, parquet, csv; splits from the file names, as on the Hub)."""
+    from datasets import load_dataset
+
+    try:
+        data = load_dataset(str(folder))
+    except Exception as error:  # no data files, mixed formats, ...: datasets says which
+        raise DataError(f"data path {repo_id!r} (Hub snapshot {folder}): cannot be read ({error})") from None
+    return Rows(_one_split(data, repo_id, split).to_list())
+
+
 def _load_saved_dataset(path: Path, split: str | None) -> Rows:
-    from datasets import Dataset, DatasetDict, load_from_disk
+    from datasets import load_from_disk
 
     try:
         data = load_from_disk(str(path))
@@ -138,19 +156,26 @@ def _load_saved_dataset(path: Path, split: str | None) -> Rows:
             f"{path} is a folder but not one written by datasets' save_to_disk; "
             f"give a file ({', '.join(SUFFIXES)}) or a saved dataset"
         ) from None
+    return Rows(_one_split(data, str(path), split).to_list())
+
+
+def _one_split(data: Any, where: str, split: str | None) -> Any:
+    """The split of a DatasetDict that ``split`` names (or its only one); a Dataset as it is."""
+    from datasets import Dataset, DatasetDict
+
     if isinstance(data, DatasetDict):
         splits = ", ".join(data)
         if split is None and len(data) == 1:
             split = next(iter(data))
         if split is None:
-            raise DataError(f"{path} holds several splits; choose one with data.split: {splits}")
+            raise DataError(f"{where} holds several splits; choose one with data.split: {splits}")
         if split not in data:
-            raise DataError(f"{path} has no split {split!r}; available: {splits}")
+            raise DataError(f"{where} has no split {split!r}; available: {splits}")
         data = data[split]
     elif split is not None:
-        raise DataError(f"{path} holds a single dataset with no splits; drop split={split!r} (data.split)")
+        raise DataError(f"{where} holds a single dataset with no splits; drop split={split!r} (data.split)")
     assert isinstance(data, Dataset)
-    return Rows(data.to_list())
+    return data
 
 
 def _json_type(value: Any) -> str:

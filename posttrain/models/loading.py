@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,6 +26,7 @@ from transformers import (
 )
 
 from posttrain.errors import PosttrainError
+from posttrain.hub import hub_snapshot, looks_like_hub_id
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 DtypeName = Literal["float32", "bfloat16", "float16", "auto"]
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")
 # "gpt2", "Qwen/Qwen2.5-0.5B": what a Hub id looks like (a relative path can too; the message covers both)
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
 class ModelLoadError(PosttrainError, ValueError):
@@ -61,7 +60,7 @@ def existing_folder(path: str | Path, what: str = "model") -> Path:
     if folder.exists():
         raise ModelLoadError(f"{what} path {str(path)!r} is a file; give the folder that holds config.json")
     message = f"{what} path {str(path)!r} does not exist (looked for {folder.resolve()})"
-    if _HUB_ID.match(str(path)):
+    if looks_like_hub_id(str(path)):
         snapshot, reason = hub_snapshot(str(path))
         if snapshot is not None:
             return snapshot
@@ -71,17 +70,6 @@ def existing_folder(path: str | Path, what: str = "model") -> Path:
             "DIR and pass DIR)"
         )
     raise ModelLoadError(message)
-
-
-def hub_snapshot(repo_id: str, repo_type: str = "model") -> tuple[Path | None, str]:
-    """The local snapshot folder of a Hub repository (from the cache, or downloaded into it), or
-    None and why not."""
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(repo_id, repo_type=repo_type)), ""
-    except Exception as error:  # offline, unknown repository, gated, no cache: the reason goes in the message
-        return None, f"{type(error).__name__}: {str(error).splitlines()[0]}"
 
 
 def check_model_folder(path: str | Path) -> Path:

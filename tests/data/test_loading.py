@@ -114,7 +114,7 @@ def test_a_malformed_json_file_is_named(tmp_path, content, message):
 
 
 def test_unreadable_paths_are_named(tmp_path):
-    with pytest.raises(DataError, match=r"nope\.jsonl' does not exist \(posttrain reads local files only\)"):
+    with pytest.raises(DataError, match=r"nope\.jsonl' does not exist \(looked for "):
         load_rows(tmp_path / "nope.jsonl")
     (tmp_path / "d.txt").write_text("x")
     with pytest.raises(DataError, match=r"d\.txt: unsupported file type '\.txt'; use one of \.jsonl, \.json"):

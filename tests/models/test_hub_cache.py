@@ -4,6 +4,8 @@ Hugging Face cache. Tested offline (HF_HUB_OFFLINE=1) through a cache laid out a
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -54,3 +56,26 @@ def test_a_hub_id_missing_from_the_cache_offline_says_where_it_looked(hub_cache)
         with pytest.raises(ModelLoadError, match="neither in the Hugging Face cache nor downloadable") as error:
             load("posttrain-tests/not-cached")
         assert "hf download posttrain-tests/not-cached" in str(error.value)
+
+
+def test_a_hub_dataset_id_reads_the_cached_snapshot_by_split(hub_cache, tmp_path):
+    import json
+
+    import huggingface_hub.constants
+
+    from posttrain.data import DataError, read_dataset
+
+    snapshot = Path(huggingface_hub.constants.HF_HUB_CACHE) / "datasets--posttrain-tests--names"
+    (snapshot / "snapshots" / COMMIT).mkdir(parents=True)
+    (snapshot / "refs").mkdir()
+    (snapshot / "refs" / "main").write_text(COMMIT)
+    for split, names in (("train", ["sean", "emma", "liam"]), ("test", ["noah"])):
+        rows = [{"prompt": f"Reverse {n}:", "completion": f" {n[::-1]}."} for n in names]
+        (snapshot / "snapshots" / COMMIT / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    train = read_dataset("posttrain-tests/names", split="train")
+    assert [row["completion"] for row in train] == [" naes.", " amme.", " mail."]
+    assert [row["prompt"] for row in read_dataset("posttrain-tests/names", split="test")] == ["Reverse noah:"]
+    with pytest.raises(DataError, match=r"several splits; choose one with data\.split: train, test"):
+        read_dataset("posttrain-tests/names")
+    with pytest.raises(DataError, match="neither in the Hugging Face cache nor downloadable"):
+        read_dataset("posttrain-tests/not-cached")
