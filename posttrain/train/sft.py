@@ -87,7 +87,9 @@ def completion_logprobs(model: PreTrainedModel, batch: Mapping[str, Tensor]) -> 
     targets = loss_mask[:, 1:].any(0).nonzero()
     first = int(targets[0]) + 1 if len(targets) else input_ids.shape[1] - 1  # earliest target position
     keep = input_ids.shape[1] - first + 1
-    logits = model(input_ids=input_ids, attention_mask=batch["attention_mask"], logits_to_keep=keep).logits
+    # packed rows (train/packing.py) bring position ids restarting per example and a 4D mask
+    extra = {"position_ids": batch["position_ids"]} if "position_ids" in batch else {}
+    logits = model(input_ids=input_ids, attention_mask=batch["attention_mask"], logits_to_keep=keep, **extra).logits
     return token_logprobs(logits[:, :-1], input_ids[:, first:]), loss_mask[:, first:]
 
 
@@ -104,12 +106,17 @@ class SFTObjective:
     micro-batch is the sum of its completion-token NLLs divided by the completion tokens of
     the whole optimizer step, i.e. ``token-mean`` over the step however it is split into
     micro-batches (ALGORITHMS.md §1.2, note on gradient accumulation).
+
+    With ``packing``, the loop's items are packed rows (tuples of examples, from
+    :func:`posttrain.train.packing.pack_examples`) instead of examples; the units stay the
+    completion tokens of every example, so the loss does not depend on how rows were packed.
+    Each step logs ``train/padding_fraction``: the share of the padded batch that is padding.
     """
 
     loss_name = "loss/sft"
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
-        self.model, self.tokenizer = model, tokenizer
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, packing: bool = False) -> None:
+        self.model, self.tokenizer, self.packing = model, tokenizer, packing
 
     def encode(self, row: Mapping[str, Any]) -> Example:
         """Prompt/completion rows, or conversations (``messages``): then the last assistant
@@ -126,15 +133,27 @@ class SFTObjective:
             return prompt_ids + completion_ids, [0] * len(prompt_ids) + [1] * len(completion_ids)
         return encode_row(self.tokenizer, row["prompt"], row["completion"])
 
-    def units(self, examples: Sequence[Example]) -> float:
-        # position 0 is never a target (nothing predicts it), matching the shift in the loss
+    def units(self, examples: Sequence[Any]) -> float:
+        # position 0 is never a target (nothing predicts it), matching the shift in the loss;
+        # packed, an example's first token is not one either (collate_packed clears it)
+        if self.packing:
+            examples = [example for pack in examples for example in pack]
         return float(sum(sum(mask[1:]) for _, mask in examples))
 
-    def loss(self, examples: Sequence[Example], step_units: float) -> tuple[Tensor, dict[str, float]]:
-        device = next(self.model.parameters()).device
-        batch = {k: v.to(device) for k, v in collate(examples, self.tokenizer.pad_token_id).items()}
+    def loss(self, examples: Sequence[Any], step_units: float) -> tuple[Tensor, dict[str, float]]:
+        from posttrain.train.packing import collate_packed, padding_fraction
+
+        parameter = next(self.model.parameters())
+        if self.packing:
+            collated = collate_packed(examples, self.tokenizer.pad_token_id, dtype=parameter.dtype)
+            lengths = [sum(len(ids) for ids, _ in pack) for pack in examples]
+        else:
+            collated = collate(examples, self.tokenizer.pad_token_id)
+            lengths = [len(ids) for ids, _ in examples]
+        batch = {k: v.to(parameter.device) for k, v in collated.items()}
         logprobs, mask = completion_logprobs(self.model, batch)
-        return sft_loss(logprobs, mask, agg_mode="token-mean", num_tokens=step_units), {}
+        loss = sft_loss(logprobs, mask, agg_mode="token-mean", num_tokens=step_units)
+        return loss, {"train/padding_fraction": padding_fraction(lengths)}
 
 
 def _batches(n: int, batch_size: int, generator: torch.Generator) -> Iterator[list[int]]:

@@ -1,0 +1,123 @@
+"""SFT packing (issue 23, item 10): examples packed into one row see nothing of each other, so
+their log-probs and the loss equal those of the unpacked examples; `posttrain sft packing=true`
+trains with less padding, refuses an example longer than max_length naming its row, and resumes
+exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posttrain.data.tasks.reverse import make_rows
+from posttrain.models.logprobs import token_logprobs
+from posttrain.models.tiny import build_tiny_causal_lm
+from posttrain.models.tokenizers import build_char_tokenizer
+from posttrain.train import packing
+from posttrain.train.packing import collate_packed, pack_examples
+from posttrain.train.sft import SFTObjective, encode_row
+
+NAMES = ["sean", "akshita", "bo", "marguerite", "li", "ann"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_char_tokenizer()
+
+
+def examples_of(tokenizer, names=NAMES):
+    return [encode_row(tokenizer, r["prompt"], r["completion"]) for r in make_rows(names)]
+
+
+def alone_logprobs(model, examples):
+    """Per-token log-probs of each example run by itself (no padding, positions from 0)."""
+    out = []
+    for ids, _ in examples:
+        ids_t = torch.tensor([ids])
+        out.append(token_logprobs(model(ids_t).logits[:, :-1], ids_t[:, 1:])[0])
+    return out
+
+
+def packed_logprobs(model, packs, pad_token_id):
+    batch = collate_packed(packs, pad_token_id)
+    logits = model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
+    ).logits
+    logprobs = token_logprobs(logits[:, :-1], batch["input_ids"][:, 1:])
+    out = []
+    for row, pack in enumerate(packs):
+        start = 0
+        for ids, _ in pack:  # the tokens an example predicts of itself: its positions 1..n-1
+            out.append(logprobs[row, start : start + len(ids) - 1])
+            start += len(ids)
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_packed_examples_have_the_log_probs_and_loss_of_the_unpacked_ones(tokenizer, arch):
+    model = build_tiny_causal_lm(len(tokenizer), arch=arch, layers=2, hidden=32, heads=2, seed=0, tokenizer=tokenizer)
+    examples = examples_of(tokenizer)
+    longest = max(len(ids) for ids, _ in examples)
+    packs = pack_examples(examples, max_length=2 * longest + 5, seed=0)
+    assert len(packs) < len(examples) and max(len(p) for p in packs) >= 2  # rows really hold several examples
+    flat = [example for pack in packs for example in pack]
+    with torch.no_grad():
+        alone = alone_logprobs(model, flat)
+        packed = packed_logprobs(model, packs, tokenizer.pad_token_id)
+        for a, p in zip(alone, packed, strict=True):
+            torch.testing.assert_close(p, a, atol=1e-5, rtol=1e-5)
+        # the loss as the loop computes it, normalised per completion token either way
+        packed_objective, plain_objective = SFTObjective(model, tokenizer, packing=True), SFTObjective(model, tokenizer)
+        packed_loss, _ = packed_objective.loss(packs, packed_objective.units(packs))
+        plain_loss, _ = plain_objective.loss(flat, plain_objective.units(flat))
+    assert packed_objective.units(packs) == plain_objective.units(flat)
+    assert packed_loss.item() == pytest.approx(plain_loss.item(), rel=1e-5)
+
+
+def test_a_mask_that_lets_examples_see_each_other_changes_the_log_probs(tokenizer, monkeypatch):
+    """The comparison above can fail: with a plain causal mask over the whole row, the second
+    example of a row attends to the first and its log-probs move."""
+    model = build_tiny_causal_lm(len(tokenizer), layers=2, hidden=32, heads=2, seed=0, tokenizer=tokenizer)
+    examples = examples_of(tokenizer, NAMES[:2])
+    packs = [tuple(examples)]
+    real = packing.collate_packed
+
+    def leaky(packs, pad_token_id, dtype=torch.float32):
+        batch = real(packs, pad_token_id, dtype)
+        width = batch["input_ids"].shape[1]
+        causal = torch.ones(width, width, dtype=torch.bool).tril()
+        batch["attention_mask"] = torch.zeros_like(batch["attention_mask"]).masked_fill(~causal, -1e9)
+        return batch
+
+    with torch.no_grad():
+        alone = alone_logprobs(model, examples)
+        right = packed_logprobs(model, packs, tokenizer.pad_token_id)
+        monkeypatch.setattr(packing, "collate_packed", leaky)
+        batch = leaky(packs, tokenizer.pad_token_id)
+        logits = model(**{k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}).logits
+        wrong = token_logprobs(logits[:, :-1], batch["input_ids"][:, 1:])[0, len(examples[0][0]) :]
+    torch.testing.assert_close(right[1], alone[1], atol=1e-5, rtol=1e-5)
+    assert (wrong - alone[1]).abs().max() > 1e-3
+
+
+def test_collate_packed_restarts_positions_and_masks_each_examples_first_token(tokenizer):
+    batch = collate_packed([(([5, 6, 7], [0, 1, 1]), ([8, 9], [1, 1])), (([4], [1]),)], pad_token_id=0)
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9], [4, 0, 0, 0, 0]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1], [0, 0, 0, 0, 0]]
+    assert batch["loss_mask"].tolist() == [[0, 1, 1, 0, 1], [0, 0, 0, 0, 0]]
+    allowed = (batch["attention_mask"][:, 0] == 0).int().tolist()
+    assert allowed[0] == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 1, 1]]
+    assert allowed[1] == [[1, 0, 0, 0, 0], [0, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 0, 1]]
+
+
+def test_first_fit_fills_rows_in_a_seeded_order():
+    examples = [([1] * n, [1] * n) for n in (6, 5, 4, 3, 2, 1)]
+    packs = pack_examples(examples, max_length=7, seed=0)
+    assert all(sum(len(ids) for ids, _ in pack) <= 7 for pack in packs)
+    assert sorted(len(ids) for pack in packs for ids, _ in pack) == [1, 2, 3, 4, 5, 6]
+    assert packs == pack_examples(examples, max_length=7, seed=0)
+    # first-fit: an example opened or joined row j only because it fit in no earlier row, whose
+    # room has only shrunk since
+    room = [7 - sum(len(ids) for ids, _ in pack) for pack in packs]
+    for j, pack in enumerate(packs):
+        assert all(len(ids) > room[i] for ids, _ in pack for i in range(j)), packs
+    assert len(packs) == 4
