@@ -33,9 +33,11 @@ def drop_overlong(
     what: str,
     on_bad_row: str = "error",
     echo: Callable[[str], None] = print,
+    limit_name: str = "the model's context",
 ) -> list[T]:
     """``items`` whose ``lengths`` fit in ``limit`` tokens; the others refused or skipped (see
-    the module's rule). ``what`` names the items in the message ("rows of data.path")."""
+    the module's rule). ``what`` names the items in the message ("rows of data.path"),
+    ``limit_name`` the limit (a config key such as SFT's ``max_length``, when it is lower)."""
     if limit is None:
         return list(items)
     too_long = [index for index, length in enumerate(lengths) if length > limit]
@@ -44,11 +46,12 @@ def drop_overlong(
     shown = ", ".join(map(str, too_long[:_SHOWN])) + (", ..." if len(too_long) > _SHOWN else "")
     longest = max(lengths[index] for index in too_long)
     found = (
-        f"{len(too_long)} of {len(items)} {what} are longer than the model's context of {limit} tokens "
+        f"{len(too_long)} of {len(items)} {what} are longer than {limit_name} of {limit} tokens "
         f"(rows {shown}; the longest has {longest})"
     )
     if on_bad_row == "error" or len(too_long) == len(items):
-        raise DataError(f"{found}: shorten or remove them, or set data.on_bad_row=skip to leave them out")
+        raise_limit = f", raise {limit_name}" if limit_name != "the model's context" else ""
+        raise DataError(f"{found}: shorten or remove them{raise_limit}, or set data.on_bad_row=skip to leave them out")
     echo(f"[data] skipped {found}")
     dropped = set(too_long)
     return [item for index, item in enumerate(items) if index not in dropped]

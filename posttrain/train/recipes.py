@@ -145,6 +145,17 @@ class SFTRun(LoopConfig):
     eval_size: int | None = Field(None, ge=0)
     """Held-out rows evaluated before and after training (default: all of them; 0: no evaluation,
     e.g. when the RL run that follows evaluates the same model)."""
+    packing: bool = False
+    """Concatenate examples into sequences of up to `max_length` tokens, so a batch holds (almost)
+    no padding. Packed examples do not see each other: positions restart at 0 for each example
+    and attention is block-diagonal causal (a 4D mask; train/packing.py), and the loss stays the
+    mean over completion tokens, so it does not depend on packing. The rows are packed once,
+    before training: examples taken in a random order seeded by `seed`, each into the first row
+    with room (greedy first-fit). `batch_size` then counts packed rows, reshuffled each epoch."""
+    max_length: int | None = Field(None, ge=2)
+    """Longest sequence trained on, in tokens (default: the model's context,
+    max_position_embeddings); with `packing`, the length of a packed row. A row longer than it is
+    refused, naming the row (or left out with data.on_bad_row=skip), never truncated."""
 
 
 class RewardModelRun(LoopConfig):
@@ -311,16 +322,22 @@ def _read_rows(
     return task.train, task.held_out, task.reward
 
 
-def encode_within_context(objective: Any, rows: Sequence[dict], section: DataSection, held_out: bool = False) -> list:
-    """``objective.encode`` of every row (:func:`encode_rows`) that fits the model's context
-    (``data/lengths.py``: refused or, with ``data.on_bad_row: skip``, left out)."""
+def encode_within_context(
+    objective: Any, rows: Sequence[dict], section: DataSection, held_out: bool = False, max_length: int | None = None
+) -> list:
+    """``objective.encode`` of every row (:func:`encode_rows`) that fits the model's context, and
+    ``max_length`` when it is lower (``data/lengths.py``: refused or, with ``data.on_bad_row:
+    skip``, left out)."""
     from posttrain.data.lengths import context_limit, drop_overlong
 
     source = data_source(section, held_out)
     examples = encode_rows(objective.encode, rows, source)
     lengths = [max(len(ids) for ids, _ in _sequences(example)) for example in examples]
     what = f"{'held-out ' if held_out else ''}rows of {source}"
-    return drop_overlong(examples, lengths, context_limit(objective.model), what=what, on_bad_row=section.on_bad_row)
+    limit, limit_name = context_limit(objective.model), "the model's context"
+    if max_length is not None and (limit is None or max_length < limit):
+        limit, limit_name = max_length, "max_length"
+    return drop_overlong(examples, lengths, limit, what=what, on_bad_row=section.on_bad_row, limit_name=limit_name)
 
 
 def _sequences(example: Any) -> list[tuple[list[int], list[int]]]:
@@ -329,6 +346,7 @@ def _sequences(example: Any) -> list[tuple[list[int], list[int]]]:
 
 
 def run_sft(config: SFTRun) -> list[dict[str, float]]:
+    from posttrain.data.lengths import context_limit
     from posttrain.evaluate import evaluate
     from posttrain.rewards import resolve_reward
     from posttrain.train.sft import SFTObjective
@@ -339,8 +357,10 @@ def run_sft(config: SFTRun) -> list[dict[str, float]]:
 
     torch.manual_seed(config.seed)
     model, tokenizer = build_model_and_tokenizer(config.model, config.seed)
-    objective = SFTObjective(model, tokenizer)
-    examples = encode_within_context(objective, train_rows, config.data)
+    objective = SFTObjective(model, tokenizer, packing=config.packing)
+    examples = encode_within_context(objective, train_rows, config.data, max_length=config.max_length)
+    if config.packing:
+        examples = _packed(examples, config, context_limit(model))
     evaluate_fn = None
     held_out = held_out if config.eval_size is None else held_out[: config.eval_size]
     if reward_name and held_out:
@@ -366,6 +386,24 @@ def run_sft(config: SFTRun) -> list[dict[str, float]]:
         progress_keys=["loss/sft", "eval/accuracy"],
         label="sft",
     )
+
+
+def _packed(examples: list, config: SFTRun, context: int | None) -> list:
+    """The packed rows of ``examples`` (train/packing.py), refused when too few for one batch."""
+    from posttrain.train.packing import pack_examples
+
+    max_length = config.max_length or context
+    if max_length is None:
+        raise ConfigError("packing=true needs max_length: the model's config gives no max_position_embeddings")
+    packs = pack_examples(examples, max_length, config.seed)
+    if len(packs) < config.batch_size:
+        raise DataError(
+            f"packing {len(examples)} rows into sequences of max_length={max_length} tokens makes {len(packs)} "
+            f"packed rows, fewer than batch_size={config.batch_size} (which counts packed rows): lower batch_size "
+            "or max_length, or add data"
+        )
+    print(f"[data] packed {len(examples)} rows into {len(packs)} sequences of up to {max_length} tokens", flush=True)
+    return packs
 
 
 def run_reward_model(config: RewardModelRun) -> list[dict[str, float]]:

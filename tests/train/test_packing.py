@@ -5,6 +5,9 @@ exactly."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
 
@@ -121,3 +124,69 @@ def test_first_fit_fills_rows_in_a_seeded_order():
     for j, pack in enumerate(packs):
         assert all(len(ids) > room[i] for ids, _ in pack for i in range(j)), packs
     assert len(packs) == 4
+
+
+TINY = ["model.tiny.layers=1", "model.tiny.hidden=32", "model.tiny.heads=2", "log_every=100", "eval_size=0"]
+
+
+def write_names(path, names):
+    path.write_text("".join(json.dumps(row) + "\n" for row in make_rows(names)), encoding="utf-8")
+    return path
+
+
+def sft_records(folder):
+    from posttrain.telemetry.metrics import read_jsonl
+
+    return [r for r in read_jsonl(folder / "metrics.jsonl") if "lr" in r]
+
+
+@pytest.mark.slow
+def test_sft_with_packing_from_the_command_line_trains_with_less_padding(tmp_path):
+    from posttrain.cli import main
+
+    common = [*TINY, "data.task=reverse", "data.n_train=64", "data.n_eval=9", "steps=3", "batch_size=4"]
+    assert main(["sft", *common, "packing=true", "max_length=128", f"output_dir={tmp_path / 'packed'}"]) == 0
+    assert main(["sft", *common, f"output_dir={tmp_path / 'plain'}"]) == 0
+    packed, plain = sft_records(tmp_path / "packed"), sft_records(tmp_path / "plain")
+    assert [r["step"] for r in packed] == [1, 2, 3]
+    assert all(r["loss/sft"] > 0 for r in packed)  # a real NLL of random weights over ~60 characters
+    packed_padding = sum(r["train/padding_fraction"] for r in packed) / 3
+    plain_padding = sum(r["train/padding_fraction"] for r in plain) / 3
+    assert packed_padding < plain_padding
+
+
+def test_an_example_longer_than_max_length_is_refused_naming_its_row(tmp_path, capsys):
+    from posttrain.cli import main
+
+    data = write_names(tmp_path / "rows.jsonl", ["bo", "maximiliano-alessandro", "li", "ann"])
+    capsys.readouterr()
+    argv = ["sft", *TINY, f"data.path={data}", "packing=true", "max_length=40", "batch_size=1"]
+    assert main([*argv, f"output_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and str(data) in err
+    assert "1 of 4 rows" in err and "longer than max_length of 40 tokens" in err and "(rows 1;" in err, err
+    assert "raise max_length" in err
+
+
+@pytest.mark.slow
+def test_a_packed_sft_run_resumes_exactly(tmp_path):
+    from posttrain.cli import main
+    from posttrain.train.checkpoint import checkpoint_root
+
+    common = [*TINY, "data.task=reverse", "data.n_train=40", "data.n_eval=9", "packing=true", "max_length=100"]
+    common += ["batch_size=2", "steps=6", "save_every=2", "keep_last=6", "learning_rate=1e-2"]
+    assert main(["sft", *common, f"output_dir={tmp_path / 'straight'}"]) == 0
+    shutil.copytree(tmp_path / "straight", tmp_path / "resumed")
+    shutil.rmtree(tmp_path / "resumed" / "final")
+    for step in (4, 6):
+        shutil.rmtree(checkpoint_root(tmp_path / "resumed") / f"step-{step}")
+    assert main(["sft", *common, f"output_dir={tmp_path / 'resumed'}", "--resume", "auto"]) == 0
+
+    def records(name):
+        return [
+            {k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))}
+            for r in sft_records(tmp_path / name)
+        ]
+
+    assert [r["step"] for r in records("resumed")] == list(range(1, 7))
+    assert records("resumed") == records("straight")
