@@ -155,17 +155,30 @@ def test_sft_with_packing_from_the_command_line_trains_with_less_padding(tmp_pat
     assert packed_padding < plain_padding
 
 
-def test_an_example_longer_than_max_length_is_refused_naming_its_row(tmp_path, capsys):
+@pytest.mark.parametrize("packing", ["true", "false"])
+def test_an_example_longer_than_max_length_is_refused_naming_its_row(tmp_path, capsys, packing):
     from posttrain.cli import main
 
     data = write_names(tmp_path / "rows.jsonl", ["bo", "maximiliano-alessandro", "li", "ann"])
     capsys.readouterr()
-    argv = ["sft", *TINY, f"data.path={data}", "packing=true", "max_length=40", "batch_size=1"]
+    argv = ["sft", *TINY, f"data.path={data}", f"packing={packing}", "max_length=40", "batch_size=1"]
     assert main([*argv, f"output_dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and str(data) in err
     assert "1 of 4 rows" in err and "longer than max_length of 40 tokens" in err and "(rows 1;" in err, err
     assert "raise max_length" in err
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_too_few_packed_rows_for_a_batch_are_refused(tmp_path, capsys):
+    from posttrain.cli import main
+
+    data = write_names(tmp_path / "rows.jsonl", ["bo", "li", "ann", "sean"])
+    capsys.readouterr()
+    argv = ["sft", *TINY, f"data.path={data}", "packing=true", "max_length=200", "batch_size=2"]
+    assert main([*argv, f"output_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "makes 1 packed rows, fewer than batch_size=2" in err, err
 
 
 @pytest.mark.slow
