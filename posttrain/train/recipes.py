@@ -322,6 +322,15 @@ def _read_rows(
     return task.train, task.held_out, task.reward
 
 
+def check_enough_rows(rows: Sequence[dict], batch: int, key: str, section: DataSection) -> None:
+    """One step's batch must fit in the data: checked once the rows are read, before a model loads."""
+    if len(rows) < batch:
+        raise DataError(
+            f"{data_source(section)} has {len(rows)} usable rows, fewer than one step's batch ({key} = {batch}): "
+            f"lower {key} or bring more rows"
+        )
+
+
 def encode_within_context(
     objective: Any, rows: Sequence[dict], section: DataSection, held_out: bool = False, max_length: int | None = None
 ) -> list:
@@ -354,6 +363,8 @@ def run_sft(config: SFTRun) -> list[dict[str, float]]:
     check_run_dir(config)
     check_model_source(config.model)
     train_rows, held_out, reward_name = load_rows(config.data, config.seed, ("prompt_completion", "conversational"))
+    if not config.packing:  # packed, several rows share a sequence: counted once packed
+        check_enough_rows(train_rows, config.batch_size, "batch_size", config.data)
 
     torch.manual_seed(config.seed)
     model, tokenizer = build_model_and_tokenizer(config.model, config.seed)
@@ -413,6 +424,7 @@ def run_reward_model(config: RewardModelRun) -> list[dict[str, float]]:
     check_run_dir(config)
     check_model_source(config.model)
     train_rows, held_out, _ = load_rows(config.data, config.seed, ("preference",))
+    check_enough_rows(train_rows, config.batch_size, "batch_size", config.data)
 
     torch.manual_seed(config.seed)
     # the adapters go on the scorer (its head then trains in full), not on the policy it copies
@@ -444,6 +456,7 @@ def run_dpo(config: DPORun) -> list[dict[str, float]]:
     check_run_dir(config)
     check_model_source(config.model)
     train_rows, _, _ = load_rows(config.data, config.seed, ("preference",))
+    check_enough_rows(train_rows, config.batch_size, "batch_size", config.data)
 
     torch.manual_seed(config.seed)
     model, tokenizer = build_model_and_tokenizer(config.model, config.seed)

@@ -71,6 +71,7 @@ from posttrain.train.checkpoint import (
 from posttrain.train.offline import TrainingDiverged
 from posttrain.train.recipes import (
     build_model_and_tokenizer,
+    check_enough_rows,
     check_model_source,
     data_source,
     encode_rows,
@@ -130,6 +131,7 @@ class OnlineRL:
             train_rows, held, task_reward = load_rows(config.data, config.seed)
             held_out_rows = held if held_out_rows is None else held_out_rows
         self.rows = list(train_rows)
+        check_enough_rows(self.rows, config.prompts_per_step, "prompts_per_step", config.data)
         self.held_out = list(held_out_rows or [])[: config.eval_size]
         self.prompt_column = config.data.prompt_column
         missing = [i for i, row in enumerate(self.rows) if self.prompt_column not in row]

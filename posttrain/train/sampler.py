@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from posttrain.data.loading import DataError
+
 
 class EpochSampler:
     """Yields index batches; each epoch is a fresh permutation drawn from ``seed + epoch``.
@@ -15,7 +17,8 @@ class EpochSampler:
 
     def __init__(self, num_rows: int, batch_size: int, seed: int) -> None:
         if num_rows < batch_size:
-            raise ValueError(f"{num_rows} rows cannot fill one batch of {batch_size}; lower the batch size")
+            # a PosttrainError: rows left out after loading (too long for the context) can get here
+            raise DataError(f"{num_rows} usable rows cannot fill one batch of {batch_size}; lower the batch size")
         self.num_rows, self.batch_size, self.seed = num_rows, batch_size, seed
         self.epoch, self.position = 0, 0
         self._order = self._permutation()

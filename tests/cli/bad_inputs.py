@@ -97,6 +97,7 @@ COMMON_CONFIGS = [
     ("rewards=[", ["rewards", "YAML"]),
 ]
 OFFLINE_CONFIGS = [
+    ("batch_size=32", ["16 usable rows", "batch_size = 32"]),
     ("batch_size=0", ["batch_size"]),
     ("gradient_accumulation=3", ["batch_size", "gradient_accumulation"]),
     ("gradient_accumulation=0", ["gradient_accumulation"]),
@@ -137,6 +138,7 @@ COMMAND_CONFIGS = {
         ("algorithm.critic.learning_rate=-1", ["algorithm.critic"]),
         ("samples_per_prompt=0", ["samples_per_prompt"]),
         ("prompts_per_step=0", ["prompts_per_step"]),
+        ("prompts_per_step=32", ["16 usable rows", "prompts_per_step = 32"]),
         ("minibatch_size=3", ["minibatch_size"]),
         ("micro_batch_size=0", ["micro_batch_size"]),
         ("ppo_epochs=0", ["ppo_epochs"]),
