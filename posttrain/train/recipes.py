@@ -135,6 +135,9 @@ class RewardModelRun(LoopConfig):
     """Weight of mean((r_w + r_l)²), keeping rewards centred at 0."""
 
 
+LABEL_SMOOTHING_LOSSES = ("sigmoid", "robust")  # the DPO losses with a label-noise term
+
+
 class DPORun(LoopConfig):
     model: ModelSection
     """The policy; the reference is its frozen initial copy (or, with LoRA, itself without adapters)."""
@@ -145,7 +148,18 @@ class DPORun(LoopConfig):
     loss_type: Literal["sigmoid", "ipo", "hinge", "robust"] = "sigmoid"
     """DPO-family loss."""
     label_smoothing: float = Field(0.0, ge=0, lt=0.5)
-    """Label noise ε (conservative DPO with sigmoid; robust DPO)."""
+    """Label noise ε, read by the sigmoid loss (conservative DPO) and robust DPO; ipo and hinge
+    have no noise term, so a nonzero value with them is refused (as TRL defines it)."""
+
+    @model_validator(mode="after")
+    def _smoothing_is_used(self) -> DPORun:
+        if self.label_smoothing and self.loss_type not in LABEL_SMOOTHING_LOSSES:
+            raise ValueError(
+                f"label_smoothing = {self.label_smoothing:g} is not used by loss_type = {self.loss_type!r}: "
+                f"only {' and '.join(repr(n) for n in LABEL_SMOOTHING_LOSSES)} read it; set label_smoothing=0 "
+                "or change loss_type"
+            )
+        return self
 
 
 def check_run_dir(config: LoopConfig) -> None:

@@ -690,7 +690,7 @@ class OnlineRL:
         loss, metrics = value_loss(
             values, micro.values, micro.returns, micro.loss_mask, clip_range=critic_cfg.value_clip
         )
-        (critic_cfg.loss_coef * loss * share).backward()
+        (loss * share).backward()  # no loss_coef: AdamW would cancel it (CriticSection)
         return {
             "loss/value": float(loss.detach()),
             "critic/clip_fraction": float(metrics["clip_fraction"]),

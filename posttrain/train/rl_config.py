@@ -74,8 +74,10 @@ class CriticSection(Section):
     """AdamW rate of the critic."""
     value_clip: float | None = Field(0.5, gt=0)
     """Clip range of the value loss around the rollout-time values; null: unclipped."""
-    loss_coef: float = Field(1.0, gt=0)
-    """Weight of the value loss (the critic has its own optimizer; this scales its gradient)."""
+    loss_coef: float = 1.0
+    """Kept only to refuse a value other than 1: the critic has its own AdamW, which is
+    invariant to a constant scale of its loss (and gradient clipping scales it back too), so a
+    weight here changed nothing. Use ``learning_rate`` to train the critic faster or slower."""
 
 
 class DynamicSamplingSection(Section):
@@ -298,6 +300,11 @@ def combination_problems(config: RLRun) -> list[str]:
         )
     if algo.advantage == "gae" and algo.critic is None:
         problems.append("algorithm.advantage = 'gae' needs a value model: set algorithm.critic (e.g. {})")
+    if algo.critic is not None and algo.critic.loss_coef != 1.0:
+        problems.append(
+            f"algorithm.critic.loss_coef = {algo.critic.loss_coef:g} would change nothing: the critic has its own "
+            "AdamW, which cancels a constant scale of the value loss; set algorithm.critic.learning_rate instead"
+        )
     if algo.critic is not None and algo.advantage != "gae":
         problems.append(f"algorithm.critic is set but algorithm.advantage = {algo.advantage!r} does not use values")
     if algo.advantage in GROUP_ESTIMATORS and config.samples_per_prompt < 2:

@@ -65,6 +65,18 @@ def test_invalid_preference_configs(config_cls, overrides, expected):
         load_config(config_cls, None, base + overrides)
 
 
+@pytest.mark.parametrize("loss_type", ["ipo", "hinge"])
+def test_label_smoothing_is_refused_for_losses_that_do_not_use_it(loss_type):
+    # ipo and hinge have no label-noise term: a nonzero ε used to be read and ignored
+    base = ["model.tiny.layers=1", "data.task=preference", f"loss_type={loss_type}"]
+    with pytest.raises(ConfigError) as error:
+        load_config(DPORun, None, [*base, "label_smoothing=0.1"])
+    message = str(error.value)
+    assert "label_smoothing" in message and f"'{loss_type}'" in message
+    assert "sigmoid" in message and "robust" in message
+    assert load_config(DPORun, None, [*base, "label_smoothing=0"]).label_smoothing == 0
+
+
 def test_cli_reports_config_errors_with_exit_code_2(capsys):
     assert main(["sft", "--config", "configs/reverse_sft.yaml", "stpes=3"]) == 2
     assert "Did you mean 'steps'?" in capsys.readouterr().err

@@ -93,6 +93,17 @@ def test_invalid_combinations_are_refused_naming_the_fields(overrides, fields):
         assert field in str(error.value)
 
 
+def test_critic_loss_coef_other_than_1_is_refused_with_the_reason():
+    # the critic has its own AdamW, which cancels a constant scale of its loss: the key did nothing
+    with pytest.raises(ConfigError) as error:
+        load_rl_config(None, [*TINY, *SMALL, "algorithm=ppo", "algorithm.critic.loss_coef=0.5"])
+    message = str(error.value)
+    assert "algorithm.critic.loss_coef" in message and "algorithm.critic.learning_rate" in message
+    assert "scale" in message
+    config = load_rl_config(None, [*TINY, *SMALL, "algorithm=ppo", "algorithm.critic.loss_coef=1"])
+    assert config.algorithm.critic.loss_coef == 1.0
+
+
 def test_preset_fields_can_be_overridden_in_any_order(tmp_path):
     config_file = tmp_path / "c.yaml"
     config_file.write_text("algorithm:\n  preset: grpo\n  kl: {coef: 0.5}\n")
