@@ -435,9 +435,13 @@ class OnlineRL:
                 kind=algo.kl.estimator,
                 level=algo.kl.level,
             )
-            metrics["kl/ref"] = float(kl_metrics["kl"])
+            # kl/reward is the controller's input itself (the rollout policy's KL with the run's
+            # estimator, per-sequence token mean); kl/ref, logged by the update, is k3 of the
+            # policy being trained, a different number, so the two keep separate names
+            reward_kl = float(kl_metrics["kl"])
+            metrics["kl/reward"] = reward_kl
             metrics["kl/coef"] = beta
-            self.kl_controller.update(float(kl_metrics["kl"]), len(batch))
+            self.kl_controller.update(reward_kl, len(batch))
         else:
             batch.token_rewards = place_scores_at_last_token(batch.scores, batch.response_mask)
         batch.baseline_scores = self._baseline(batch)

@@ -52,7 +52,9 @@ class KLSection(Section):
     """"adaptive": Ziegler et al.'s proportional rule toward `target`; "adaptive_ppo": the PPO
     paper's halve/double rule; both only with placement "reward"."""
     target: float = Field(0.1, gt=0)
-    """KL target of the adaptive controllers (nats per token, mean over sequences)."""
+    """KL target of the adaptive controllers (nats per token, mean over sequences), compared
+    each step with the metric ``kl/reward``: the KL subtracted from the reward, measured with
+    `estimator` on the rollout policy (``kl/ref`` is k3 of the policy being trained)."""
     horizon: int = Field(10000, ge=1)
     """Horizon of the proportional controller, in samples."""
     level: Literal["token", "sequence"] = "token"

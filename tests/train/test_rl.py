@@ -4,6 +4,7 @@ and reward rises on an easy task."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import textwrap
 
@@ -203,6 +204,29 @@ def test_kl_monitor_measures_the_drift_of_a_run_that_does_not_optimise_it(tmp_pa
     assert watched[-1]["kl/ref"] > 1e-4  # the policy has moved away from it
     # the KL is only watched: both runs make the same updates
     assert [h["reward/mean"] for h in watched] == pytest.approx([h["reward/mean"] for h in unwatched], abs=1e-5)
+
+
+def test_the_logged_reward_kl_is_what_the_adaptive_controller_sees(tmp_path):
+    # kl/ref (k3 of the updated policy) used to overwrite the controller's input under one name
+    overrides = ["algorithm=grpo", "algorithm.kl.placement=reward", "algorithm.kl.estimator=k1"]
+    overrides += ["algorithm.kl.coef=0.05", "algorithm.kl.controller=adaptive", "algorithm.kl.target=0.001"]
+    overrides += ["algorithm.kl.horizon=40", "steps=4", "learning_rate=3e-3"]
+    run = make_run(tmp_path, overrides)
+    seen: list[float] = []
+    update = run.kl_controller.update
+
+    def recording_update(current_kl: float, n_steps: int) -> float:
+        seen.append(current_kl)
+        return update(current_kl, n_steps)
+
+    run.kl_controller.update = recording_update
+    history = run.run()
+    assert [h["kl/reward"] for h in history] == seen
+    assert abs(seen[-1]) > 1e-4  # the policy has moved: k1 of the rollout policy, which can be < 0
+    assert history[-1]["kl/ref"] != seen[-1]  # k3 of the trained policy: a different number
+    for before, after in itertools.pairwise(history):  # β_{t+1} = β_t·(1 + clip(KL_t/target − 1, ±0.2)·n/H)
+        error = min(max(before["kl/reward"] / 0.001 - 1.0, -0.2), 0.2)
+        assert after["kl/coef"] == pytest.approx(before["kl/coef"] * (1 + error * 16 / 40))
 
 
 def test_evaluation_reports_each_reward_including_weight_zero_monitors(tmp_path):
