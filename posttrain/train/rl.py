@@ -419,10 +419,7 @@ class OnlineRL:
         if algo.kl.needs_reference:
             batch.ref_logprobs = self._reference_logprobs(batch)
         if self.critic is not None:
-            from posttrain.models.value import response_values
-
-            values = response_values(self.critic, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1])
-            batch.values = values * batch.response_mask
+            batch.values = self._values(batch) * batch.response_mask
         rollout_logprobs = batch.old_logprobs if batch.old_logprobs is not None else batch.engine_logprobs
         if algo.kl.placement == "reward":
             beta = self.kl_controller.value
@@ -537,6 +534,17 @@ class OnlineRL:
             self.sequence_logprobs(model, batch.select(torch.arange(start, min(start + size, len(batch)))))[0]
             for start in range(0, len(batch), size)
         ]
+        return torch.cat(parts)
+
+    def _values(self, batch: RolloutBatch) -> Tensor:
+        """``[B, T]`` critic values of the batch, ``micro_batch_size`` samples per forward pass."""
+        from posttrain.models.value import response_values
+
+        size = self.config.micro_batch_size or len(batch)
+        parts = []
+        for start in range(0, len(batch), size):
+            chunk = batch.select(torch.arange(start, min(start + size, len(batch))))
+            parts.append(response_values(self.critic, chunk.input_ids, chunk.attention_mask, chunk.prompt_ids.shape[1]))
         return torch.cat(parts)
 
     def _reference_logprobs(self, batch: RolloutBatch) -> Tensor:

@@ -201,7 +201,10 @@ class RLRun(Section):
     minibatch_size: int | None = Field(None, ge=1)
     """Samples per optimizer step (a multiple of samples_per_prompt); null: the whole batch."""
     micro_batch_size: int | None = Field(None, ge=1)
-    """Samples per forward/backward pass (memory only); null: the whole minibatch."""
+    """Samples per forward/backward pass (memory only); null: the whole minibatch. It bounds
+    every training pass: π_old and reference log-probs, the critic's values and the updates.
+    Generation is the engine's: sampling runs the whole rollout batch, and ReMax's greedy
+    baseline, one completion per prompt, is a smaller batch than that."""
     ppo_epochs: int = Field(1, ge=1)
     """Passes over each rollout batch."""
     max_new_tokens: int = Field(16, ge=1)

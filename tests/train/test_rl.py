@@ -229,6 +229,21 @@ def test_the_logged_reward_kl_is_what_the_adaptive_controller_sees(tmp_path):
         assert after["kl/coef"] == pytest.approx(before["kl/coef"] * (1 + error * 16 / 40))
 
 
+def test_the_critic_passes_honour_micro_batch_size(tmp_path):
+    # the critic's value pass over the rollout batch used to run all 16 samples at once
+    base = ["algorithm=ppo", "steps=2", "ppo_epochs=2", "minibatch_size=8"]
+    whole = make_run(tmp_path, base, name="whole").run()
+    chunked_run = make_run(tmp_path, [*base, "micro_batch_size=4"], name="chunked")
+    sizes: list[int] = []
+    chunked_run.critic.register_forward_hook(
+        lambda module, args, kwargs, out: sizes.append(len(kwargs["input_ids"])), with_kwargs=True
+    )
+    chunked = chunked_run.run()
+    assert sizes and max(sizes) == 4
+    for key in ("reward/mean", "loss/value", "loss/policy", "policy/grad_norm"):
+        assert [h[key] for h in chunked] == pytest.approx([h[key] for h in whole], rel=1e-4, abs=1e-6), key
+
+
 def test_evaluation_reports_each_reward_including_weight_zero_monitors(tmp_path):
     overrides = ["eval_size=9", "steps=1", "reward_weights=[1.0,0.0]"]
     run = make_run(tmp_path, overrides, rewards=(vowel_share, has_dot))
