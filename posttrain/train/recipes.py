@@ -50,9 +50,9 @@ class ModelSection(Section):
     tiny: TinyModel | None = None
     """Build a tiny model from this spec instead of loading one."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter dtype."""
+    """Parameter dtype (a tiny model is built in float32, then cast)."""
     gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass to save memory."""
+    """Recompute activations in the backward pass to save memory (loaded and tiny models)."""
     lora: LoraSection | None = None
     """Train LoRA adapters instead of all weights (DPO then uses the adapter-free model as
     reference)."""
@@ -170,7 +170,7 @@ def check_run_dir(config: LoopConfig) -> None:
 
 
 def build_model_and_tokenizer(section: ModelSection, seed: int) -> tuple[Any, Any]:
-    from posttrain.models.loading import load_causal_lm, load_tokenizer
+    from posttrain.models.loading import enable_checkpointing, load_causal_lm, load_tokenizer, resolve_dtype
     from posttrain.models.tiny import build_tiny_causal_lm
     from posttrain.models.tokenizers import build_char_tokenizer
 
@@ -190,6 +190,10 @@ def build_model_and_tokenizer(section: ModelSection, seed: int) -> tuple[Any, An
             seed=seed,
             tokenizer=tokenizer,
         )
+        # the same two options a loaded model takes (load_causal_lm), so a tiny run can test them
+        model = model.to(resolve_dtype(section.dtype))
+        if section.gradient_checkpointing:
+            enable_checkpointing(model)
     return with_lora(model, section), tokenizer
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from posttrain.cli import main
 from posttrain.config import ConfigError, load_config
 from posttrain.telemetry.metrics import read_jsonl
-from posttrain.train.recipes import DPORun, RewardModelRun, SFTRun
+from posttrain.train.recipes import DPORun, ModelSection, RewardModelRun, SFTRun, build_model_and_tokenizer
 
 TINY = ["model.tiny.layers=1", "model.tiny.hidden=32", "model.tiny.heads=2"]
 
@@ -75,6 +76,25 @@ def test_label_smoothing_is_refused_for_losses_that_do_not_use_it(loss_type):
     assert "label_smoothing" in message and f"'{loss_type}'" in message
     assert "sigmoid" in message and "robust" in message
     assert load_config(DPORun, None, [*base, "label_smoothing=0"]).label_smoothing == 0
+
+
+def test_tiny_models_take_model_dtype_and_gradient_checkpointing():
+    # both were read and ignored for model.tiny: the model stayed float32 and stored activations
+    spec = {"tiny": {"layers": 2, "hidden": 32, "heads": 2}}
+    model, tokenizer = build_model_and_tokenizer(
+        ModelSection(**spec, dtype="bfloat16", gradient_checkpointing=True), seed=0
+    )
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    calls: list[int] = []
+    for layer in model.model.layers:
+        layer.self_attn.register_forward_hook(lambda *args: calls.append(1))
+    model.train()
+    ids = torch.tensor([tokenizer("abc")["input_ids"]])
+    model(input_ids=ids).logits.float().sum().backward()
+    assert len(calls) == 4  # the attention of each of the 2 layers ran again in the backward pass
+    plain, _ = build_model_and_tokenizer(ModelSection(**spec), seed=0)
+    assert {p.dtype for p in plain.parameters()} == {torch.float32}
+    assert not plain.is_activation_checkpointing
 
 
 def test_cli_reports_config_errors_with_exit_code_2(capsys):
