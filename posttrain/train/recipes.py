@@ -13,7 +13,7 @@ from pydantic import Field, field_validator, model_validator
 from posttrain.config import Section, dump_config
 from posttrain.data import read_dataset
 from posttrain.data.tasks import get_task
-from posttrain.train.offline import LoopConfig, train_offline
+from posttrain.train.offline import LoopConfig, held_out_metrics, train_offline
 
 
 class TinyModel(Section):
@@ -94,7 +94,11 @@ class DataSection(Section):
     n_eval: int = Field(500, ge=0)
     """Held-out rows a task generates (evaluation)."""
     eval_path: str | None = None
-    """Local held-out data for evaluation (with `path`)."""
+    """Local held-out data in the format of `path`, evaluated before training, every
+    `eval_every` steps and at the end (only those two with eval_every 0): sft logs eval/loss
+    (token-mean NLL of the completions), dpo eval/loss, eval/accuracy, eval/margin,
+    eval/chosen and eval/rejected (implicit rewards), rm eval/pairwise_accuracy, rl the
+    rewards of greedy answers."""
 
     @field_validator("prompt_template")
     @classmethod
@@ -160,6 +164,11 @@ class DPORun(LoopConfig):
                 "or change loss_type"
             )
         return self
+
+
+def micro_batch(config: LoopConfig) -> int:
+    """Rows per forward pass in training, also used for held-out evaluation (same memory)."""
+    return config.batch_size // config.gradient_accumulation
 
 
 def check_run_dir(config: LoopConfig) -> None:
@@ -257,12 +266,15 @@ def run_sft(config: SFTRun) -> list[dict[str, float]]:
     train_rows, held_out, reward_name = load_rows(config.data, config.seed, ("prompt_completion", "conversational"))
     objective = SFTObjective(model, tokenizer)
     examples = [objective.encode(row) for row in train_rows]
-    evaluate_fn = None
     held_out = held_out if config.eval_size is None else held_out[: config.eval_size]
-    if reward_name and held_out:
-        reward = resolve_reward(reward_name).fn
+    # the loss on every held-out row with an answer (data.eval_path, or a task's held-out rows);
+    # a task's reward adds the accuracy of greedy answers
+    held_examples = [objective.encode(row) for row in held_out if "completion" in row or "messages" in row]
+    reward = resolve_reward(reward_name).fn if reward_name else None
 
-        def evaluate_fn() -> dict[str, float]:
+    def evaluate_fn() -> dict[str, float]:
+        metrics = held_out_metrics(objective, held_examples, micro_batch(config)) if held_examples else {}
+        if reward is not None:
             result = evaluate(
                 model,
                 tokenizer,
@@ -271,15 +283,16 @@ def run_sft(config: SFTRun) -> list[dict[str, float]]:
                 max_new_tokens=config.eval_max_new_tokens,
                 batch_size=config.eval_batch_size,
             )
-            return {"accuracy": result.accuracy}
+            metrics["accuracy"] = result.accuracy
+        return metrics
 
     return train_offline(
         objective,
         examples,
         config,
-        evaluate=evaluate_fn,
+        evaluate=evaluate_fn if held_examples or (reward and held_out) else None,
         config_yaml=dump_config(config),
-        progress_keys=["loss/sft", "eval/accuracy"],
+        progress_keys=["loss/sft", "eval/accuracy" if reward else "eval/loss"],
         label="sft",
     )
 
@@ -322,7 +335,7 @@ def run_dpo(config: DPORun) -> list[dict[str, float]]:
 
     torch.manual_seed(config.seed)
     model, tokenizer = build_model_and_tokenizer(config.model, config.seed)
-    train_rows, _, _ = load_rows(config.data, config.seed, ("preference",))
+    train_rows, held_out, _ = load_rows(config.data, config.seed, ("preference",))
     reference_context = None
     if config.model.lora is not None:
         from posttrain.models.lora import reference_policy
@@ -338,10 +351,16 @@ def run_dpo(config: DPORun) -> list[dict[str, float]]:
         label_smoothing=config.label_smoothing,
         reference_context=reference_context,
     )
+    held_examples = [objective.encode(r) for r in held_out]
+
+    def evaluate_fn() -> dict[str, float]:  # DPO loss, implicit-reward accuracy and margins
+        return held_out_metrics(objective, held_examples, micro_batch(config))
+
     history = train_offline(
         objective,
         [objective.encode(r) for r in train_rows],
         config,
+        evaluate=evaluate_fn if held_examples else None,
         config_yaml=dump_config(config),
         progress_keys=["loss/dpo", "dpo/margin"],
         label="dpo",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -11,7 +12,17 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 from posttrain.cli import main
 from posttrain.config import ConfigError, load_config
 from posttrain.telemetry.metrics import read_jsonl
-from posttrain.train.recipes import DPORun, ModelSection, RewardModelRun, SFTRun, build_model_and_tokenizer
+from posttrain.train.preference import DPOObjective
+from posttrain.train.recipes import (
+    DPORun,
+    ModelSection,
+    RewardModelRun,
+    SFTRun,
+    build_model_and_tokenizer,
+    run_dpo,
+    run_sft,
+)
+from posttrain.train.sft import SFTObjective, collate, sft_batch_loss
 
 TINY = ["model.tiny.layers=1", "model.tiny.hidden=32", "model.tiny.heads=2"]
 
@@ -141,6 +152,60 @@ def test_reward_model_and_dpo_from_the_command_line(tmp_path):
     assert main(["dpo", *common, "model.lora.r=4", f"output_dir={tmp_path / 'dpo'}"]) == 0
     summary = json.loads((tmp_path / "dpo" / "summary.json").read_text())
     assert summary["first_step"]["dpo/margin"] == pytest.approx(0.0, abs=1e-6)  # LoRA B = 0: policy = reference
+
+
+def _write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+NAMES = ["sean", "joe", "akshita", "al", "mira", "tomas", "ines", "bo"]
+
+
+def test_sft_evaluates_the_loss_on_data_eval_path_every_eval_every_steps(tmp_path):
+    # data.eval_path and eval_every were read and ignored for a data file (only tasks evaluated)
+    rows = [{"prompt": f"Reverse: {n}. Answer:", "completion": f" {n[::-1]}."} for n in NAMES]
+    train, held = _write_jsonl(tmp_path / "t.jsonl", rows[:6]), _write_jsonl(tmp_path / "e.jsonl", rows[6:])
+    common = [*TINY, f"data.path={train}", f"data.eval_path={held}", "batch_size=2", "warmup_steps=0"]
+    history = run_sft(load_config(SFTRun, None, [*common, "steps=4", "eval_every=2", f"output_dir={tmp_path / 'a'}"]))
+    records = read_jsonl(tmp_path / "a" / "metrics.jsonl")
+    losses = {r["step"]: r["eval/loss"] for r in records if "eval/loss" in r}
+    assert sorted(losses) == [0, 2, 4]
+    # step 0: the mean token NLL of the untrained model on the two held-out rows, computed here
+    model, tokenizer = build_model_and_tokenizer(ModelSection(tiny={"layers": 1, "hidden": 32, "heads": 2}), seed=0)
+    objective = SFTObjective(model, tokenizer)
+    batch = collate([objective.encode(row) for row in rows[6:]], tokenizer.pad_token_id)
+    with torch.no_grad():
+        assert losses[0] == pytest.approx(float(sft_batch_loss(model.eval(), batch)), rel=1e-5)
+    assert losses[4] < losses[0] and history[-1]["eval/loss"] == losses[4]
+    # without eval_every: before and after training only
+    run_sft(load_config(SFTRun, None, [*common, "steps=3", "eval_every=0", f"output_dir={tmp_path / 'b'}"]))
+    steps = [r["step"] for r in read_jsonl(tmp_path / "b" / "metrics.jsonl") if "eval/loss" in r]
+    assert steps == [0, 3]
+
+
+def test_dpo_evaluates_on_data_eval_path(tmp_path):
+    # data.eval_path was read and ignored by dpo
+    rows = [{"prompt": f"Reverse: {n}. Answer:", "chosen": f" {n[::-1]}.", "rejected": f" {n}."} for n in NAMES]
+    train, held = _write_jsonl(tmp_path / "t.jsonl", rows[:6]), _write_jsonl(tmp_path / "e.jsonl", rows[6:])
+    overrides = [*TINY, f"data.path={train}", f"data.eval_path={held}", "batch_size=2", "warmup_steps=0"]
+    overrides += ["steps=4", "eval_every=2", "learning_rate=3e-3", f"output_dir={tmp_path / 'dpo'}"]
+    run_dpo(load_config(DPORun, None, overrides))
+    evals = {r["step"]: r for r in read_jsonl(tmp_path / "dpo" / "metrics.jsonl") if "eval/loss" in r}
+    assert sorted(evals) == [0, 2, 4]
+    # before training the policy is the reference: every margin is 0 and the loss is log 2
+    assert evals[0]["eval/loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert evals[0]["eval/margin"] == pytest.approx(0.0, abs=1e-6)
+    # after training: the trained model's DPO loss against the initial one on the held-out pairs
+    reference, tokenizer = build_model_and_tokenizer(ModelSection(tiny={"layers": 1, "hidden": 32, "heads": 2}), 0)
+    trained = AutoModelForCausalLM.from_pretrained(tmp_path / "dpo" / "final").eval()
+    objective = DPOObjective(trained, tokenizer, reference=reference.eval())
+    with torch.no_grad():
+        loss, metrics = objective.loss([objective.encode(row) for row in rows[6:]], 2.0)
+    assert abs(evals[4]["eval/margin"]) > 1e-4
+    assert evals[4]["eval/loss"] == pytest.approx(float(loss), rel=1e-5)
+    assert evals[4]["eval/margin"] == pytest.approx(metrics["dpo/margin"], rel=1e-5)
+    assert evals[4]["eval/accuracy"] == metrics["dpo/accuracy"]
 
 
 def test_a_data_file_of_the_wrong_kind_fails_at_load_time(tmp_path, capsys):
