@@ -104,7 +104,7 @@ def _eval(args: argparse.Namespace) -> int:
     report = {"task": args.task, "rows": len(rows), "greedy_accuracy": result.accuracy}
     if args.k > 1:
         report[f"pass@{args.k}"] = pass_at_k(
-            model, tokenizer, rows, reward, k=args.k, max_new_tokens=args.max_new_tokens, seed=args.seed
+            model, tokenizer, rows, reward, k=args.k, max_new_tokens=args.max_new_tokens, seed=args.seed, stop=args.stop
         )
     print(json.dumps(report))
     return 0

@@ -115,10 +115,14 @@ def pass_at_k(
     temperature: float = 1.0,
     max_new_tokens: int = 12,
     seed: int = 0,
+    stop: Sequence[str] = (),
 ) -> float:
-    """Share of prompts with at least one of ``k`` sampled completions scoring 1 (pass@k)."""
+    """Share of prompts with at least one of ``k`` sampled completions scoring 1 (pass@k).
+    ``stop`` ends completions as in :func:`evaluate` and the RL run's ``sampling.stop``."""
     prompts = [row["prompt"] for row in rows]
-    sampling = SamplingParams(n=k, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
+    sampling = SamplingParams(
+        n=k, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed, stop_strings=tuple(stop)
+    )
     completions, completion_ids = sample_completions(model, tokenizer, prompts, sampling)
     extra = [key for key in (rows[0] if rows else {}) if key not in ("prompt", "completion", "completion_ids")]
     columns = {key: [row[key] for row in rows for _ in range(k)] for key in extra}

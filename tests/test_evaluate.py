@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from posttrain.data.tasks.reverse import make_rows, reverse_reward
-from posttrain.evaluate import evaluate, generate_greedy
+from posttrain.evaluate import evaluate, generate_greedy, pass_at_k
 from posttrain.models.tiny import build_tiny_causal_lm
 from posttrain.models.tokenizers import build_char_tokenizer
 
@@ -69,3 +69,24 @@ def test_stop_strings_end_greedy_completions_as_in_rl_sampling(model, tokenizer)
         expected = before["completion"] if cut < 0 else before["completion"][: cut + len(stop)]
         assert after["completion"] == expected
     assert len(stopped[0]["completion"]) < len(free[0]["completion"])
+
+
+def test_pass_at_k_ends_sampled_completions_at_stop_strings(model, tokenizer):
+    # pass@k used to ignore the stop strings that greedy evaluation and RL sampling apply
+    rows = make_rows(["sean", "akshitaxy", "joe"])
+    seen: dict[str, list[str]] = {"free": [], "stopped": []}
+
+    def recorder(name):
+        def reward(prompts, completions, completion_ids, **columns):
+            seen[name].extend(completions)
+            return reverse_reward(prompts, completions, completion_ids, **columns)
+
+        return reward
+
+    pass_at_k(model, tokenizer, rows, recorder("free"), k=4, max_new_tokens=12, seed=3)
+    stop = max("abcdefghijklmnopqrstuvwxyz", key=lambda c: sum(c in t[:-1] for t in seen["free"]))
+    assert sum(stop in t[:-1] for t in seen["free"]) >= 2  # the stop string occurs mid-completion unstopped
+    pass_at_k(model, tokenizer, rows, recorder("stopped"), k=4, max_new_tokens=12, seed=3, stop=[stop])
+    assert len(seen["stopped"]) == 12
+    assert all(stop not in text[:-1] for text in seen["stopped"])
+    assert any(text.endswith(stop) for text in seen["stopped"])

@@ -43,6 +43,12 @@ def bradley_terry_loss(
     return loss, metrics
 
 
+def _no_smoothing(loss_type: str, label_smoothing: float) -> None:
+    # ipo and hinge have no label-noise term: a nonzero ε would be silently ignored
+    if label_smoothing:
+        raise ValueError(f"{loss_type} has no label_smoothing term (sigmoid and robust do), got {label_smoothing}")
+
+
 @register_preference_loss("sigmoid")
 def sigmoid(
     chosen_logratios: Tensor,
@@ -82,6 +88,7 @@ def ipo(
     Source: Azar et al., "A General Theoretical Paradigm to Understand Learning from Human
     Preferences", 2023, eq. 17.
     """
+    _no_smoothing("ipo", label_smoothing)
     if (chosen_lengths is None) != (rejected_lengths is None):
         raise ValueError("ipo: pass both chosen_lengths and rejected_lengths, or neither")
     if chosen_lengths is not None:
@@ -104,6 +111,7 @@ def hinge(
 
     Source: Zhao et al., "SLiC-HF: Sequence Likelihood Calibration with Human Feedback", 2023, eq. 1.
     """
+    _no_smoothing("hinge", label_smoothing)
     return torch.relu(1.0 - beta * (chosen_logratios - rejected_logratios))
 
 

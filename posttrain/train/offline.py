@@ -203,6 +203,33 @@ def train_offline(
     return history
 
 
+@torch.no_grad()
+def held_out_metrics(objective: Objective, examples: Sequence[Any], batch_size: int) -> dict[str, float]:
+    """The objective's loss and metrics over held-out ``examples``, in eval mode (no dropout),
+    ``batch_size`` examples per forward pass.
+
+    The loss is normalised by the units (tokens, pairs) of all of them, as a training step is by
+    its own, so for SFT it is the token-mean NLL of the whole set, for DPO the mean over pairs;
+    the objective's per-batch metrics are weighted by each batch's units. Keys drop the
+    objective's prefix: ``loss``, and e.g. ``accuracy``, ``margin`` for DPO.
+    """
+    model = objective.model
+    was_training = model.training
+    model.eval()
+    total_units = objective.units(examples)
+    totals: dict[str, float] = {"loss": 0.0}
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start : start + batch_size]
+        loss, metrics = objective.loss(chunk, total_units)
+        totals["loss"] += float(loss)
+        weight = objective.units(chunk) / total_units
+        for key, value in metrics.items():
+            name = key.split("/")[-1]
+            totals[name] = totals.get(name, 0.0) + float(value) * weight
+    model.train(was_training)
+    return totals
+
+
 def _train_step(
     objective: Objective,
     examples: Sequence[Any],

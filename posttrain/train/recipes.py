@@ -15,7 +15,7 @@ from posttrain.algos.registry import UnknownNameError
 from posttrain.config import ConfigError, Section, dump_config
 from posttrain.data import DataError, Rows, detect_format, read_dataset
 from posttrain.data.tasks import get_task
-from posttrain.train.offline import LoopConfig, train_offline
+from posttrain.train.offline import LoopConfig, held_out_metrics, train_offline
 
 T = TypeVar("T")
 
@@ -67,9 +67,9 @@ class ModelSection(Section):
     tiny: TinyModel | None = None
     """Build a tiny model from this spec instead of loading one."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter dtype."""
+    """Parameter dtype (a tiny model is built in float32, then cast)."""
     gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass to save memory."""
+    """Recompute activations in the backward pass to save memory (loaded and tiny models)."""
     lora: LoraSection | None = None
     """Train LoRA adapters instead of all weights (DPO then uses the adapter-free model as
     reference)."""
@@ -111,7 +111,11 @@ class DataSection(Section):
     n_eval: int = Field(500, ge=0)
     """Held-out rows a task generates (evaluation)."""
     eval_path: str | None = None
-    """Local held-out data for evaluation (with `path`)."""
+    """Local held-out data in the format of `path`, evaluated before training, every
+    `eval_every` steps and at the end (only those two with eval_every 0): sft logs eval/loss
+    (token-mean NLL of the completions), dpo eval/loss, eval/accuracy, eval/margin,
+    eval/chosen and eval/rejected (implicit rewards), rm eval/pairwise_accuracy, rl the
+    rewards of greedy answers."""
 
     @field_validator("prompt_template")
     @classmethod
@@ -167,6 +171,9 @@ class RewardModelRun(LoopConfig):
     """Weight of mean((r_w + r_l)²), keeping rewards centred at 0."""
 
 
+LABEL_SMOOTHING_LOSSES = ("sigmoid", "robust")  # the DPO losses with a label-noise term
+
+
 class DPORun(LoopConfig):
     model: ModelSection
     """The policy; the reference is its frozen initial copy (or, with LoRA, itself without adapters)."""
@@ -177,7 +184,23 @@ class DPORun(LoopConfig):
     loss_type: Literal["sigmoid", "ipo", "hinge", "robust"] = "sigmoid"
     """DPO-family loss."""
     label_smoothing: float = Field(0.0, ge=0, lt=0.5)
-    """Label noise ε (conservative DPO with sigmoid; robust DPO)."""
+    """Label noise ε, read by the sigmoid loss (conservative DPO) and robust DPO; ipo and hinge
+    have no noise term, so a nonzero value with them is refused (as TRL defines it)."""
+
+    @model_validator(mode="after")
+    def _smoothing_is_used(self) -> DPORun:
+        if self.label_smoothing and self.loss_type not in LABEL_SMOOTHING_LOSSES:
+            raise ValueError(
+                f"label_smoothing = {self.label_smoothing:g} is not used by loss_type = {self.loss_type!r}: "
+                f"only {' and '.join(repr(n) for n in LABEL_SMOOTHING_LOSSES)} read it; set label_smoothing=0 "
+                "or change loss_type"
+            )
+        return self
+
+
+def micro_batch(config: LoopConfig) -> int:
+    """Rows per forward pass in training, also used for held-out evaluation (same memory)."""
+    return config.batch_size // config.gradient_accumulation
 
 
 def check_run_dir(config: LoopConfig) -> None:
@@ -204,7 +227,7 @@ def check_model_source(section: ModelSection) -> None:
 
 
 def build_model_and_tokenizer(section: ModelSection, seed: int) -> tuple[Any, Any]:
-    from posttrain.models.loading import load_causal_lm, load_tokenizer
+    from posttrain.models.loading import enable_checkpointing, load_causal_lm, load_tokenizer, resolve_dtype
     from posttrain.models.tiny import build_tiny_causal_lm
     from posttrain.models.tokenizers import build_char_tokenizer
 
@@ -225,6 +248,10 @@ def build_model_and_tokenizer(section: ModelSection, seed: int) -> tuple[Any, An
             seed=seed,
             tokenizer=tokenizer,
         )
+        # the same two options a loaded model takes (load_causal_lm), so a tiny run can test them
+        model = model.to(resolve_dtype(section.dtype))
+        if section.gradient_checkpointing:
+            enable_checkpointing(model)
     return with_lora(model, section), tokenizer
 
 
@@ -372,12 +399,16 @@ def run_sft(config: SFTRun) -> list[dict[str, float]]:
     examples = encode_within_context(objective, train_rows, config.data, max_length=config.max_length)
     if config.packing:
         examples = _packed(examples, config, context_limit(model))
-    evaluate_fn = None
     held_out = held_out if config.eval_size is None else held_out[: config.eval_size]
-    if reward_name and held_out:
-        reward = resolve_reward(reward_name).fn
+    # the loss on every held-out row with an answer (data.eval_path, or a task's held-out rows),
+    # one row a sequence (the same loss as packed); a task's reward adds the accuracy of greedy answers
+    held_objective = SFTObjective(model, tokenizer)
+    held_examples = [held_objective.encode(row) for row in held_out if "completion" in row or "messages" in row]
+    reward = resolve_reward(reward_name).fn if reward_name else None
 
-        def evaluate_fn() -> dict[str, float]:
+    def evaluate_fn() -> dict[str, float]:
+        metrics = held_out_metrics(held_objective, held_examples, micro_batch(config)) if held_examples else {}
+        if reward is not None:
             result = evaluate(
                 model,
                 tokenizer,
@@ -386,15 +417,16 @@ def run_sft(config: SFTRun) -> list[dict[str, float]]:
                 max_new_tokens=config.eval_max_new_tokens,
                 batch_size=config.eval_batch_size,
             )
-            return {"accuracy": result.accuracy}
+            metrics["accuracy"] = result.accuracy
+        return metrics
 
     return train_offline(
         objective,
         examples,
         config,
-        evaluate=evaluate_fn,
+        evaluate=evaluate_fn if held_examples or (reward and held_out) else None,
         config_yaml=dump_config(config),
-        progress_keys=["loss/sft", "eval/accuracy"],
+        progress_keys=["loss/sft", "eval/accuracy" if reward else "eval/loss"],
         label="sft",
     )
 
@@ -455,7 +487,7 @@ def run_dpo(config: DPORun) -> list[dict[str, float]]:
 
     check_run_dir(config)
     check_model_source(config.model)
-    train_rows, _, _ = load_rows(config.data, config.seed, ("preference",))
+    train_rows, held_out, _ = load_rows(config.data, config.seed, ("preference",))
     check_enough_rows(train_rows, config.batch_size, "batch_size", config.data)
 
     torch.manual_seed(config.seed)
@@ -475,10 +507,16 @@ def run_dpo(config: DPORun) -> list[dict[str, float]]:
         label_smoothing=config.label_smoothing,
         reference_context=reference_context,
     )
+    held_examples = [objective.encode(r) for r in held_out]
+
+    def evaluate_fn() -> dict[str, float]:  # DPO loss, implicit-reward accuracy and margins
+        return held_out_metrics(objective, held_examples, micro_batch(config))
+
     history = train_offline(
         objective,
         encode_within_context(objective, train_rows, config.data),
         config,
+        evaluate=evaluate_fn if held_examples else None,
         config_yaml=dump_config(config),
         progress_keys=["loss/dpo", "dpo/margin"],
         label="dpo",

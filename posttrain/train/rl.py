@@ -488,10 +488,7 @@ class OnlineRL:
         if algo.kl.needs_reference:
             batch.ref_logprobs = self._reference_logprobs(batch)
         if self.critic is not None:
-            from posttrain.models.value import response_values
-
-            values = response_values(self.critic, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1])
-            batch.values = values * batch.response_mask
+            batch.values = self._values(batch) * batch.response_mask
         rollout_logprobs = batch.old_logprobs if batch.old_logprobs is not None else batch.engine_logprobs
         if algo.kl.placement == "reward":
             beta = self.kl_controller.value
@@ -504,9 +501,13 @@ class OnlineRL:
                 kind=algo.kl.estimator,
                 level=algo.kl.level,
             )
-            metrics["kl/ref"] = float(kl_metrics["kl"])
+            # kl/reward is the controller's input itself (the rollout policy's KL with the run's
+            # estimator, per-sequence token mean); kl/ref, logged by the update, is k3 of the
+            # policy being trained, a different number, so the two keep separate names
+            reward_kl = float(kl_metrics["kl"])
+            metrics["kl/reward"] = reward_kl
             metrics["kl/coef"] = beta
-            self.kl_controller.update(float(kl_metrics["kl"]), len(batch))
+            self.kl_controller.update(reward_kl, len(batch))
         else:
             batch.token_rewards = place_scores_at_last_token(batch.scores, batch.response_mask)
         batch.baseline_scores = baseline
@@ -612,6 +613,17 @@ class OnlineRL:
             self.sequence_logprobs(model, batch.select(torch.arange(start, min(start + size, len(batch)))))[0]
             for start in range(0, len(batch), size)
         ]
+        return torch.cat(parts)
+
+    def _values(self, batch: RolloutBatch) -> Tensor:
+        """``[B, T]`` critic values of the batch, ``micro_batch_size`` samples per forward pass."""
+        from posttrain.models.value import response_values
+
+        size = self.config.micro_batch_size or len(batch)
+        parts = []
+        for start in range(0, len(batch), size):
+            chunk = batch.select(torch.arange(start, min(start + size, len(batch))))
+            parts.append(response_values(self.critic, chunk.input_ids, chunk.attention_mask, chunk.prompt_ids.shape[1]))
         return torch.cat(parts)
 
     def _reference_logprobs(self, batch: RolloutBatch) -> Tensor:
@@ -769,7 +781,7 @@ class OnlineRL:
         loss, metrics = value_loss(
             values, micro.values, micro.returns, micro.loss_mask, clip_range=critic_cfg.value_clip
         )
-        (critic_cfg.loss_coef * loss * share).backward()
+        (loss * share).backward()  # no loss_coef: AdamW would cancel it (CriticSection)
         return {
             "loss/value": float(loss.detach()),
             "critic/clip_fraction": float(metrics["clip_fraction"]),

@@ -52,7 +52,9 @@ class KLSection(Section):
     """"adaptive": Ziegler et al.'s proportional rule toward `target`; "adaptive_ppo": the PPO
     paper's halve/double rule; both only with placement "reward"."""
     target: float = Field(0.1, gt=0)
-    """KL target of the adaptive controllers (nats per token, mean over sequences)."""
+    """KL target of the adaptive controllers (nats per token, mean over sequences), compared
+    each step with the metric ``kl/reward``: the KL subtracted from the reward, measured with
+    `estimator` on the rollout policy (``kl/ref`` is k3 of the policy being trained)."""
     horizon: int = Field(10000, ge=1)
     """Horizon of the proportional controller, in samples."""
     level: Literal["token", "sequence"] = "token"
@@ -74,8 +76,10 @@ class CriticSection(Section):
     """AdamW rate of the critic."""
     value_clip: float | None = Field(0.5, gt=0)
     """Clip range of the value loss around the rollout-time values; null: unclipped."""
-    loss_coef: float = Field(1.0, gt=0)
-    """Weight of the value loss (the critic has its own optimizer; this scales its gradient)."""
+    loss_coef: float = 1.0
+    """Kept only to refuse a value other than 1: the critic has its own AdamW, which is
+    invariant to a constant scale of its loss (and gradient clipping scales it back too), so a
+    weight here changed nothing. Use ``learning_rate`` to train the critic faster or slower."""
 
 
 class DynamicSamplingSection(Section):
@@ -201,7 +205,10 @@ class RLRun(Section):
     minibatch_size: int | None = Field(None, ge=1)
     """Samples per optimizer step (a multiple of samples_per_prompt); null: the whole batch."""
     micro_batch_size: int | None = Field(None, ge=1)
-    """Samples per forward/backward pass (memory only); null: the whole minibatch."""
+    """Samples per forward/backward pass (memory only); null: the whole minibatch. It bounds
+    every training pass: π_old and reference log-probs, the critic's values and the updates.
+    Generation is the engine's: sampling runs the whole rollout batch, and ReMax's greedy
+    baseline, one completion per prompt, is a smaller batch than that."""
     ppo_epochs: int = Field(1, ge=1)
     """Passes over each rollout batch."""
     max_new_tokens: int = Field(16, ge=1)
@@ -308,6 +315,11 @@ def combination_problems(config: RLRun) -> list[str]:
         )
     if algo.advantage == "gae" and algo.critic is None:
         problems.append("algorithm.advantage = 'gae' needs a value model: set algorithm.critic (e.g. {})")
+    if algo.critic is not None and algo.critic.loss_coef != 1.0:
+        problems.append(
+            f"algorithm.critic.loss_coef = {algo.critic.loss_coef:g} would change nothing: the critic has its own "
+            "AdamW, which cancels a constant scale of the value loss; set algorithm.critic.learning_rate instead"
+        )
     if algo.critic is not None and algo.advantage != "gae":
         problems.append(f"algorithm.critic is set but algorithm.advantage = {algo.advantage!r} does not use values")
     if algo.advantage in GROUP_ESTIMATORS and config.samples_per_prompt < 2:

@@ -61,6 +61,9 @@ def test_dpo_rejects_bad_options():
         dpo_loss(*args, loss_type="sigmod")
     with pytest.raises(ValueError, match=r"label_smoothing < 0\.5"):
         dpo_loss(*args, loss_type="robust", label_smoothing=0.5)
+    for loss_type in ("ipo", "hinge"):  # no label-noise term: ε must not be silently ignored
+        with pytest.raises(ValueError, match=f"{loss_type} has no label_smoothing term"):
+            dpo_loss(*args, loss_type=loss_type, label_smoothing=0.1)
 
 
 def test_sft_loss_only_counts_completion_tokens():

@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from posttrain.cli import main
 from posttrain.config import ConfigError, load_config
 from posttrain.telemetry.metrics import read_jsonl
-from posttrain.train.recipes import DPORun, RewardModelRun, SFTRun
+from posttrain.train.preference import DPOObjective
+from posttrain.train.recipes import (
+    DPORun,
+    ModelSection,
+    RewardModelRun,
+    SFTRun,
+    build_model_and_tokenizer,
+    run_dpo,
+    run_sft,
+)
+from posttrain.train.sft import SFTObjective, collate, sft_batch_loss
 
 TINY = ["model.tiny.layers=1", "model.tiny.hidden=32", "model.tiny.heads=2"]
 
@@ -65,6 +77,37 @@ def test_invalid_preference_configs(config_cls, overrides, expected):
         load_config(config_cls, None, base + overrides)
 
 
+@pytest.mark.parametrize("loss_type", ["ipo", "hinge"])
+def test_label_smoothing_is_refused_for_losses_that_do_not_use_it(loss_type):
+    # ipo and hinge have no label-noise term: a nonzero ε used to be read and ignored
+    base = ["model.tiny.layers=1", "data.task=preference", f"loss_type={loss_type}"]
+    with pytest.raises(ConfigError) as error:
+        load_config(DPORun, None, [*base, "label_smoothing=0.1"])
+    message = str(error.value)
+    assert "label_smoothing" in message and f"'{loss_type}'" in message
+    assert "sigmoid" in message and "robust" in message
+    assert load_config(DPORun, None, [*base, "label_smoothing=0"]).label_smoothing == 0
+
+
+def test_tiny_models_take_model_dtype_and_gradient_checkpointing():
+    # both were read and ignored for model.tiny: the model stayed float32 and stored activations
+    spec = {"tiny": {"layers": 2, "hidden": 32, "heads": 2}}
+    model, tokenizer = build_model_and_tokenizer(
+        ModelSection(**spec, dtype="bfloat16", gradient_checkpointing=True), seed=0
+    )
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    calls: list[int] = []
+    for layer in model.model.layers:
+        layer.self_attn.register_forward_hook(lambda *args: calls.append(1))
+    model.train()
+    ids = torch.tensor([tokenizer("abc")["input_ids"]])
+    model(input_ids=ids).logits.float().sum().backward()
+    assert len(calls) == 4  # the attention of each of the 2 layers ran again in the backward pass
+    plain, _ = build_model_and_tokenizer(ModelSection(**spec), seed=0)
+    assert {p.dtype for p in plain.parameters()} == {torch.float32}
+    assert not plain.is_activation_checkpointing
+
+
 def test_cli_reports_config_errors_with_exit_code_2(capsys):
     assert main(["sft", "--config", "configs/reverse_sft.yaml", "stpes=3"]) == 2
     assert "Did you mean 'steps'?" in capsys.readouterr().err
@@ -109,6 +152,60 @@ def test_reward_model_and_dpo_from_the_command_line(tmp_path):
     assert main(["dpo", *common, "model.lora.r=4", f"output_dir={tmp_path / 'dpo'}"]) == 0
     summary = json.loads((tmp_path / "dpo" / "summary.json").read_text())
     assert summary["first_step"]["dpo/margin"] == pytest.approx(0.0, abs=1e-6)  # LoRA B = 0: policy = reference
+
+
+def _write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+NAMES = ["sean", "joe", "akshita", "al", "mira", "tomas", "ines", "bo"]
+
+
+def test_sft_evaluates_the_loss_on_data_eval_path_every_eval_every_steps(tmp_path):
+    # data.eval_path and eval_every were read and ignored for a data file (only tasks evaluated)
+    rows = [{"prompt": f"Reverse: {n}. Answer:", "completion": f" {n[::-1]}."} for n in NAMES]
+    train, held = _write_jsonl(tmp_path / "t.jsonl", rows[:6]), _write_jsonl(tmp_path / "e.jsonl", rows[6:])
+    common = [*TINY, f"data.path={train}", f"data.eval_path={held}", "batch_size=2", "warmup_steps=0"]
+    history = run_sft(load_config(SFTRun, None, [*common, "steps=4", "eval_every=2", f"output_dir={tmp_path / 'a'}"]))
+    records = read_jsonl(tmp_path / "a" / "metrics.jsonl")
+    losses = {r["step"]: r["eval/loss"] for r in records if "eval/loss" in r}
+    assert sorted(losses) == [0, 2, 4]
+    # step 0: the mean token NLL of the untrained model on the two held-out rows, computed here
+    model, tokenizer = build_model_and_tokenizer(ModelSection(tiny={"layers": 1, "hidden": 32, "heads": 2}), seed=0)
+    objective = SFTObjective(model, tokenizer)
+    batch = collate([objective.encode(row) for row in rows[6:]], tokenizer.pad_token_id)
+    with torch.no_grad():
+        assert losses[0] == pytest.approx(float(sft_batch_loss(model.eval(), batch)), rel=1e-5)
+    assert losses[4] < losses[0] and history[-1]["eval/loss"] == losses[4]
+    # without eval_every: before and after training only
+    run_sft(load_config(SFTRun, None, [*common, "steps=3", "eval_every=0", f"output_dir={tmp_path / 'b'}"]))
+    steps = [r["step"] for r in read_jsonl(tmp_path / "b" / "metrics.jsonl") if "eval/loss" in r]
+    assert steps == [0, 3]
+
+
+def test_dpo_evaluates_on_data_eval_path(tmp_path):
+    # data.eval_path was read and ignored by dpo
+    rows = [{"prompt": f"Reverse: {n}. Answer:", "chosen": f" {n[::-1]}.", "rejected": f" {n}."} for n in NAMES]
+    train, held = _write_jsonl(tmp_path / "t.jsonl", rows[:6]), _write_jsonl(tmp_path / "e.jsonl", rows[6:])
+    overrides = [*TINY, f"data.path={train}", f"data.eval_path={held}", "batch_size=2", "warmup_steps=0"]
+    overrides += ["steps=4", "eval_every=2", "learning_rate=3e-3", f"output_dir={tmp_path / 'dpo'}"]
+    run_dpo(load_config(DPORun, None, overrides))
+    evals = {r["step"]: r for r in read_jsonl(tmp_path / "dpo" / "metrics.jsonl") if "eval/loss" in r}
+    assert sorted(evals) == [0, 2, 4]
+    # before training the policy is the reference: every margin is 0 and the loss is log 2
+    assert evals[0]["eval/loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert evals[0]["eval/margin"] == pytest.approx(0.0, abs=1e-6)
+    # after training: the trained model's DPO loss against the initial one on the held-out pairs
+    reference, tokenizer = build_model_and_tokenizer(ModelSection(tiny={"layers": 1, "hidden": 32, "heads": 2}), 0)
+    trained = AutoModelForCausalLM.from_pretrained(tmp_path / "dpo" / "final").eval()
+    objective = DPOObjective(trained, tokenizer, reference=reference.eval())
+    with torch.no_grad():
+        loss, metrics = objective.loss([objective.encode(row) for row in rows[6:]], 2.0)
+    assert abs(evals[4]["eval/margin"]) > 1e-4
+    assert evals[4]["eval/loss"] == pytest.approx(float(loss), rel=1e-5)
+    assert evals[4]["eval/margin"] == pytest.approx(metrics["dpo/margin"], rel=1e-5)
+    assert evals[4]["eval/accuracy"] == metrics["dpo/accuracy"]
 
 
 def test_a_data_file_of_the_wrong_kind_fails_at_load_time(tmp_path, capsys):

@@ -4,6 +4,7 @@ and reward rises on an easy task."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import textwrap
 
@@ -93,6 +94,17 @@ def test_invalid_combinations_are_refused_naming_the_fields(overrides, fields):
         load_rl_config(None, [*TINY, *SMALL, *overrides])
     for field in fields:
         assert field in str(error.value)
+
+
+def test_critic_loss_coef_other_than_1_is_refused_with_the_reason():
+    # the critic has its own AdamW, which cancels a constant scale of its loss: the key did nothing
+    with pytest.raises(ConfigError) as error:
+        load_rl_config(None, [*TINY, *SMALL, "algorithm=ppo", "algorithm.critic.loss_coef=0.5"])
+    message = str(error.value)
+    assert "algorithm.critic.loss_coef" in message and "algorithm.critic.learning_rate" in message
+    assert "scale" in message
+    config = load_rl_config(None, [*TINY, *SMALL, "algorithm=ppo", "algorithm.critic.loss_coef=1"])
+    assert config.algorithm.critic.loss_coef == 1.0
 
 
 def test_preset_fields_can_be_overridden_in_any_order(tmp_path):
@@ -194,6 +206,44 @@ def test_kl_monitor_measures_the_drift_of_a_run_that_does_not_optimise_it(tmp_pa
     assert watched[-1]["kl/ref"] > 1e-4  # the policy has moved away from it
     # the KL is only watched: both runs make the same updates
     assert [h["reward/mean"] for h in watched] == pytest.approx([h["reward/mean"] for h in unwatched], abs=1e-5)
+
+
+def test_the_logged_reward_kl_is_what_the_adaptive_controller_sees(tmp_path):
+    # kl/ref (k3 of the updated policy) used to overwrite the controller's input under one name
+    overrides = ["algorithm=grpo", "algorithm.kl.placement=reward", "algorithm.kl.estimator=k1"]
+    overrides += ["algorithm.kl.coef=0.05", "algorithm.kl.controller=adaptive", "algorithm.kl.target=0.001"]
+    overrides += ["algorithm.kl.horizon=40", "steps=4", "learning_rate=3e-3"]
+    run = make_run(tmp_path, overrides)
+    seen: list[float] = []
+    update = run.kl_controller.update
+
+    def recording_update(current_kl: float, n_steps: int) -> float:
+        seen.append(current_kl)
+        return update(current_kl, n_steps)
+
+    run.kl_controller.update = recording_update
+    history = run.run()
+    assert [h["kl/reward"] for h in history] == seen
+    assert abs(seen[-1]) > 1e-4  # the policy has moved: k1 of the rollout policy, which can be < 0
+    assert history[-1]["kl/ref"] != seen[-1]  # k3 of the trained policy: a different number
+    for before, after in itertools.pairwise(history):  # β_{t+1} = β_t·(1 + clip(KL_t/target − 1, ±0.2)·n/H)
+        error = min(max(before["kl/reward"] / 0.001 - 1.0, -0.2), 0.2)
+        assert after["kl/coef"] == pytest.approx(before["kl/coef"] * (1 + error * 16 / 40))
+
+
+def test_the_critic_passes_honour_micro_batch_size(tmp_path):
+    # the critic's value pass over the rollout batch used to run all 16 samples at once
+    base = ["algorithm=ppo", "steps=2", "ppo_epochs=2", "minibatch_size=8"]
+    whole = make_run(tmp_path, base, name="whole").run()
+    chunked_run = make_run(tmp_path, [*base, "micro_batch_size=4"], name="chunked")
+    sizes: list[int] = []
+    chunked_run.critic.register_forward_hook(
+        lambda module, args, kwargs, out: sizes.append(len(kwargs["input_ids"])), with_kwargs=True
+    )
+    chunked = chunked_run.run()
+    assert sizes and max(sizes) == 4
+    for key in ("reward/mean", "loss/value", "loss/policy", "policy/grad_norm"):
+        assert [h[key] for h in chunked] == pytest.approx([h[key] for h in whole], rel=1e-4, abs=1e-6), key
 
 
 def test_evaluation_reports_each_reward_including_weight_zero_monitors(tmp_path):
