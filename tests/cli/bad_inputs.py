@@ -118,6 +118,8 @@ COMMAND_CONFIGS = {
         ("beta=0", ["beta"]),
         ("loss_type=kto", ["loss_type", "sigmoid"]),
         ("label_smoothing=0.7", ["label_smoothing"]),
+        ("loss_type=ipo ; label_smoothing=0.1", ["label_smoothing", "ipo"]),
+        ("loss_type=hinge ; label_smoothing=0.1", ["label_smoothing", "hinge"]),
         ("data.task=reverse ; data.n_eval=9", ["prompt_completion", "preference"]),
     ],
     "rl": [
@@ -136,6 +138,7 @@ COMMAND_CONFIGS = {
         ("algorithm.overlong.cache_length=0", ["algorithm.overlong.cache_length"]),
         ("algorithm.entropy_coef=abc", ["algorithm.entropy_coef"]),
         ("algorithm.critic.learning_rate=-1", ["algorithm.critic"]),
+        ("algorithm=ppo ; algorithm.critic.loss_coef=2", ["algorithm.critic.loss_coef", "learning_rate"]),
         ("samples_per_prompt=0", ["samples_per_prompt"]),
         ("prompts_per_step=0", ["prompts_per_step"]),
         ("prompts_per_step=32", ["16 usable rows", "prompts_per_step = 32"]),
