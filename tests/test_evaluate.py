@@ -3,6 +3,7 @@ import torch
 
 from posttrain.data.tasks.reverse import make_rows, reverse_reward
 from posttrain.evaluate import evaluate, generate_greedy, pass_at_k
+from posttrain.models.chat import prompt_ids
 from posttrain.models.tiny import build_tiny_causal_lm
 from posttrain.models.tokenizers import build_char_tokenizer
 
@@ -54,9 +55,32 @@ def test_evaluate_scores_and_passes_columns_like_trl(model, tokenizer):
     assert result.samples[0]["reference"] == " naes." and result.samples[1]["reward"] is None
 
 
-def test_untrained_model_scores_zero_on_reverse(model, tokenizer):
-    result = evaluate(model, tokenizer, make_rows(["sean", "joel", "chen"]), reverse_reward)
-    assert result.accuracy == 0.0 and len(result.samples) == 3
+def test_accuracy_is_the_mean_reward_of_the_completions_hf_generate_gives(model, tokenizer):
+    # Hugging Face's own greedy decoding, one prompt at a time, is the reference; the engine never
+    # samples the pad token (it would read as padding), so neither does the reference
+    rows = make_rows(["sean", "joel", "chen", "akshitaxy"])
+    expected = []
+    for row in rows:
+        ids = torch.tensor([prompt_ids(tokenizer, row["prompt"])])
+        out = model.generate(
+            ids,
+            max_new_tokens=12,
+            do_sample=False,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            suppress_tokens=[tokenizer.pad_token_id],
+        )
+        expected.append(tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
+    assert len(set(expected)) > 1  # distinct completions: a mix-up of rows would show
+    # rows 0 and 2 are scored against the model's own output, rows 1 and 3 against a changed one
+    targets = [text if i % 2 == 0 else text + "x" for i, text in enumerate(expected)]
+
+    def exact(prompts, completions, completion_ids, target, **columns):
+        return [float(c == t) for c, t in zip(completions, target, strict=True)]
+
+    result = evaluate(model, tokenizer, [{**r, "target": t} for r, t in zip(rows, targets, strict=True)], exact)
+    assert [s["completion"] for s in result.samples] == expected
+    assert [s["reward"] for s in result.samples] == [1.0, 0.0, 1.0, 0.0] and result.accuracy == 0.5
 
 
 def test_stop_strings_end_greedy_completions_as_in_rl_sampling(model, tokenizer):

@@ -68,7 +68,11 @@ def test_the_example_runs_end_to_end_on_a_local_stand_in(tmp_path, capsys):
     rl = ["steps=2", "prompts_per_step=2", "samples_per_prompt=2", "micro_batch_size=2", "max_new_tokens=8"]
     rl += ["eval_size=4", "eval_batch_size=3", "preflight=false", *small]  # random weights: constant rewards
     summary = example.main(["--output-dir", str(tmp_path), "--sft", *sft, "--rl", *rl])
-    assert summary["eval_rows"] == 4 and 0 <= summary["greedy_accuracy_base"] <= 1
+    # the base model's figures are the ones its evaluation stage recorded (a rerun reads them back)
+    stage = json.loads((tmp_path / "stages.json").read_text())["eval_base"]
+    assert summary["eval_rows"] == stage["rows"] == 4
+    assert (summary["greedy_accuracy_base"], summary["greedy_format_base"]) == (stage["accuracy"], stage["format"])
+    assert (4 * summary["greedy_accuracy_base"]).is_integer()  # solved problems of 4, not a mean score
     assert set(summary["rl_step_s"]) == {"generate", "reward", "prepare", "train", "step"}
     assert summary["rl_steps"] == 2 and summary["peak_rss_gb"] > 0
     # the SFT model is a plain folder (adapters folded in) that the RL stage loaded

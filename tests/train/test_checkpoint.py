@@ -117,7 +117,10 @@ def test_kill_9_during_a_save_leaves_the_previous_checkpoint_usable(tmp_path):
     assert staging, "the killed save should have left its staging folder behind"
     latest = latest_checkpoint(tmp_path)
     assert latest is not None and latest.step == 1
-    assert AutoModelForCausalLM.from_pretrained(latest.path) is not None
+    # step 1's weights, whole: the killed process built its model with the builder's default seed
+    saved = AutoModelForCausalLM.from_pretrained(latest.path).state_dict()
+    built = build_tiny_causal_lm(20, layers=1, hidden=32, heads=2).state_dict()
+    assert saved.keys() == built.keys() and all(torch.equal(saved[k], built[k]) for k in built)
     load_training_state(latest.path)
     # the next save clears the dead process's staging folder
     save_checkpoint(tmp_path, 3, model=AutoModelForCausalLM.from_pretrained(latest.path))

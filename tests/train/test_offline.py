@@ -12,6 +12,7 @@ from posttrain.models.tokenizers import build_char_tokenizer
 from posttrain.telemetry.metrics import read_jsonl
 from posttrain.train.checkpoint import latest_checkpoint
 from posttrain.train.offline import LoopConfig, TrainingDiverged, train_offline
+from posttrain.train.schedule import lr_multiplier
 from posttrain.train.sft import SFTObjective
 
 
@@ -104,5 +105,17 @@ def test_run_directory_holds_config_metrics_checkpoint_and_final(tmp_path):
     assert (tmp_path / "config.yaml").read_text() == "steps: 3\n"
     records = read_jsonl(tmp_path / "metrics.jsonl")
     assert records[0] == {"step": 0, "eval/accuracy": 0.5} and records[-1]["eval/accuracy"] == 0.5
-    assert AutoModelForCausalLM.from_pretrained(tmp_path / "final") is not None
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "final").state_dict()
+    trained = objective.model.state_dict()
+    assert saved.keys() == trained.keys()
+    assert all(torch.equal(saved[name], trained[name]) for name in trained)  # the trained weights, not a fresh init
     assert latest_checkpoint(tmp_path).step == 3
+
+
+def test_the_logged_learning_rate_follows_the_schedule(tmp_path):
+    # the rate the optimizer used at each step, as logged: base × lr_multiplier(step − 1)
+    objective, examples = setup()
+    history = train_offline(objective, examples, config(tmp_path, steps=8, min_lr_ratio=0.1))
+    factor = lr_multiplier("cosine", 3, 8, 0.1)
+    assert [h["lr"] for h in history] == pytest.approx([3e-3 * factor(s) for s in range(8)])
+    assert history[0]["lr"] == pytest.approx(1e-3) and history[-1]["lr"] < history[3]["lr"]

@@ -7,11 +7,15 @@ import math
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from posttrain.cli import main
 from posttrain.config import ConfigError, load_config
+from posttrain.data.tasks import get_task
+from posttrain.data.tasks.reverse import reverse_reward
+from posttrain.evaluate import evaluate, pass_at_k
 from posttrain.telemetry.metrics import read_jsonl
+from posttrain.train.checkpoint import latest_checkpoint
 from posttrain.train.preference import DPOObjective
 from posttrain.train.recipes import (
     DPORun,
@@ -129,14 +133,25 @@ def test_sft_then_eval_from_the_command_line(tmp_path, capsys):
     ]
     assert main(args) == 0
     assert (out / "config.yaml").is_file() and (out / "report.html").is_file()
-    assert AutoModelForCausalLM.from_pretrained(out / "final") is not None
+    # final/ holds the weights of the last step (its checkpoint), not the initial ones
+    final = AutoModelForCausalLM.from_pretrained(out / "final")
+    last = AutoModelForCausalLM.from_pretrained(latest_checkpoint(out).path).state_dict()
+    assert latest_checkpoint(out).step == 6
+    assert all(torch.equal(tensor, last[name]) for name, tensor in final.state_dict().items())
     records = read_jsonl(out / "metrics.jsonl")
     assert [r["step"] for r in records if "loss/sft" in r] == list(range(1, 7))
     assert "eval/accuracy" in records[0] and "eval/accuracy" in records[-1]
     capsys.readouterr()
     assert main(["eval", "--model", str(out / "final"), "--task", "reverse", "--n", "20", "--k", "2"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert report["rows"] == 20 and 0 <= report["greedy_accuracy"] <= report["pass@2"] <= 1
+    # the command's numbers are those of the library's evaluation of that folder on the task's rows
+    rows = get_task("reverse")(1, 20, 0).held_out
+    tokenizer = AutoTokenizer.from_pretrained(out / "final")
+    greedy = evaluate(final.eval(), tokenizer, rows, reverse_reward, max_new_tokens=16).accuracy
+    sampled = pass_at_k(final, tokenizer, rows, reverse_reward, k=2, max_new_tokens=16, seed=0)
+    assert report == {"task": "reverse", "rows": 20, "greedy_accuracy": greedy, "pass@2": sampled}
+    # and the run's own last evaluation (the same 20 held-out names) saw the same greedy accuracy
+    assert records[-1]["eval/accuracy"] == greedy
     # resume continues where the checkpoint left off
     assert main([*args[:-1], f"output_dir={out}", "steps=8", "--resume", "auto"]) == 0
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl") if "loss/sft" in r] == list(range(1, 9))
