@@ -10,6 +10,7 @@ expected, the valid choices and, for a misspelt key, the closest valid name.
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
@@ -22,6 +23,26 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from posttrain.errors import PosttrainError
 
 ConfigT = TypeVar("ConfigT", bound="Section")
+
+
+class YamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader reading floats as YAML 1.2 does: ``1e-6`` and ``1.0e9`` are numbers.
+
+    PyYAML follows YAML 1.1, where an exponent needs a dot and a sign, so ``1e-6`` loads as the
+    string "1e-6": pydantic converts it for a typed field, but inside a free-form mapping such
+    as ``algorithm.loss_options`` the string reached the loss and failed there mid-run."""
+
+
+YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def load_yaml(text: str) -> Any:
+    """Parse YAML text as configs are parsed (safe, with YAML 1.2 exponent floats)."""
+    return yaml.load(text, Loader=YamlLoader)  # a SafeLoader subclass: no arbitrary objects
 
 
 Beta = Annotated[float, Field(ge=0, lt=1)]
@@ -46,7 +67,7 @@ def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
         if not sep or not key.strip():
             raise ConfigError(f"override {item!r} is not of the form dotted.key=value")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else None
+            value = load_yaml(raw) if raw.strip() else None
         except yaml.YAMLError as error:
             raise ConfigError(f"override {item!r}: the value is not valid YAML ({error.problem})") from None
         node = tree
@@ -76,7 +97,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as error:
         raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
     if data is None:

@@ -98,3 +98,13 @@ def test_override_syntax():
         parse_overrides(["steps"])
     with pytest.raises(ConfigError, match="conflicts"):
         parse_overrides(["a=1", "a.b=2"])
+
+
+def test_exponent_floats_are_numbers_in_files_and_overrides(tmp_path):
+    # PyYAML alone reads 1e-6 and 1.0e9 as strings: inside a free-form mapping (loss_options)
+    # the string reached the loss and failed mid-run
+    parsed = parse_overrides(["o={a: 1e-6, b: 1.0e9, c: -2E3, d: .5e1, e: 1_000, f: 1e, g: e5, h: '1e3'}"])
+    assert parsed["o"] == {"a": 1e-6, "b": 1e9, "c": -2000.0, "d": 5.0, "e": 1000, "f": "1e", "g": "e5", "h": "1e3"}
+    assert all(isinstance(parsed["o"][k], float) for k in "abcd")
+    path = write(tmp_path, "learning_rate: 3e-4\nsteps: 2\n")
+    assert load_config(ExampleConfig, str(path), []).learning_rate == 3e-4

@@ -897,15 +897,20 @@ def _groups_with_signal(batch: RolloutBatch) -> Tensor:
 
 def _zero_variance_shares(std: Tensor, size: Tensor, scores: Tensor, group_ids: Tensor) -> tuple[float, float]:
     """(share of groups of more than one sample whose rewards are all equal, share of those
-    equal groups sitting at the batch's highest reward — prompts the policy has learned)."""
+    equal groups sitting at the batch's highest reward — prompts the policy has learned).
+
+    A batch whose every score is the same shows no such thing: a reward that went flat (or a
+    constant one past ``preflight=false``) would otherwise read as every prompt learned and
+    silence the warnings about it, so no group counts as learned then."""
     _, first = torch.unique(group_ids, return_inverse=True)
     best = float(scores.max())
+    spread = float(scores.min()) < best
     equal: dict[int, bool] = {}
     solved: dict[int, bool] = {}
     for index, group in enumerate(first.tolist()):
         if group not in equal and int(size[index]) > 1:
             equal[group] = bool(std[index] == 0)
-            solved[group] = equal[group] and float(scores[index]) == best
+            solved[group] = equal[group] and spread and float(scores[index]) == best
     zero = sum(equal.values())
     return zero / max(len(equal), 1), sum(solved.values()) / max(zero, 1)
 

@@ -31,7 +31,16 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from posttrain.config import Beta, ConfigError, Section, deep_merge, parse_overrides, read_yaml, validate_config
+from posttrain.config import (
+    Beta,
+    ConfigError,
+    Section,
+    deep_merge,
+    load_yaml,
+    parse_overrides,
+    read_yaml,
+    validate_config,
+)
 from posttrain.rollout.vllm_engine import VLLMOptions
 from posttrain.train.recipes import DataSection, ModelSection
 
@@ -433,9 +442,7 @@ def read_preset(name: str) -> dict[str, Any]:
         file = resources.files(PRESET_PACKAGE) / f"{name}.yaml"
         if not file.is_file():
             raise ConfigError(_unknown("algorithm", name, preset_names()))
-        import yaml
-
-        data = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+        data = load_yaml(file.read_text(encoding="utf-8")) or {}
     section = data.get("algorithm", data)
     if not isinstance(section, dict):
         raise ConfigError(f"preset {name!r} must hold a mapping under 'algorithm'")
