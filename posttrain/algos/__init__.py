@@ -1,6 +1,6 @@
 """The math of post-training, as pure functions over tensors (imports only torch).
 
-Registries (DESIGN.md, "Public contract of posttrain.algos"):
+Registries (docs/design.md, "Public contract of posttrain.algos"):
 
 * :data:`ADVANTAGE_ESTIMATORS` — ``fn(token_rewards, response_mask, group_ids, values,
   baseline_scores, reward_components, **options) -> (advantages, returns)``, ``[B, T]``.

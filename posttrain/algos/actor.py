@@ -1,4 +1,4 @@
-"""Entropy from logits and the combined actor loss (ALGORITHMS.md §4.10)."""
+"""Entropy from logits and the combined actor loss (docs/algorithms.md §4.10)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Group-relative (critic-free) advantage estimators (ALGORITHMS.md §2.2–2.4, 2.6, 2.8, 2.9).
+"""Group-relative (critic-free) advantage estimators (docs/algorithms.md §2.2–2.4, 2.6, 2.8, 2.9).
 
 All of these read one scalar reward per response, ``r_i = Σ_t m·token_rewards[i, t]``,
 compare it with the other samples of the same prompt (``group_ids``) and broadcast the
@@ -23,7 +23,7 @@ from posttrain.algos.groups import (
 from posttrain.algos.masked import masked_whiten
 from posttrain.algos.registry import register_advantage
 
-# Group-std epsilon (ALGORITHMS.md §10.1). verl uses 1e-6, TRL 1e-4, OpenRLHF 1e-9. With
+# Group-std epsilon (docs/algorithms.md §10.1). verl uses 1e-6, TRL 1e-4, OpenRLHF 1e-9. With
 # near-identical rewards (σ ≈ 1e-7) eps = 1e-6 multiplies the advantage by ~10⁵; 1e-4 keeps
 # it tame while changing ordinary advantages by < 0.01%. Option `eps` restores the others.
 GROUP_STD_EPS = 1e-4
@@ -127,7 +127,7 @@ def reinforce_pp_baseline(
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++-baseline: a_i = r_i − μ_g, then A = whiten_m(broadcast(a)) over the batch.
 
-    Convention (ALGORITHMS.md §10.5): like verl, token rewards are summed to one scalar per
+    Convention (docs/algorithms.md §10.5): like verl, token rewards are summed to one scalar per
     response before the group mean is subtracted, so per-token KL shaping collapses into a
     sequence scalar. OpenRLHF instead keeps per-token KL in a reward-to-go; the two agree
     when the KL is in the loss, which is the recommended placement for this estimator.

@@ -1,4 +1,4 @@
-"""AReaL's decoupled PPO objective for asynchronous, possibly stale rollouts (ALGORITHMS.md §4.8)."""
+"""AReaL's decoupled PPO objective for asynchronous, possibly stale rollouts (docs/algorithms.md §4.8)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def decoupled_ppo(
     step). ``behaviour_weight``: ``"mask"`` drops tokens whose w lies outside
     [weight_floor, weight_cap] from the numerator only (older AReaL default: cap 5);
     ``"clamp"`` clips w into that range; ``"none"`` applies no weight at all — what current
-    AReaL does when no rejection-sampling block is configured (ALGORITHMS.md §10, surprises).
+    AReaL does when no rejection-sampling block is configured (docs/algorithms.md §10, surprises).
     ``weight_level="sequence"`` uses one weight per sequence, the geometric mean of its token
     weights, so a stale sequence is kept or dropped whole.
     On-policy data (ℓ_prox = ℓ_behav) reduce this to PPO.

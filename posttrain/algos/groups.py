@@ -1,4 +1,4 @@
-"""Per-group statistics for group-relative advantages (ALGORITHMS.md §2.0).
+"""Per-group statistics for group-relative advantages (docs/algorithms.md §2.0).
 
 Responses sampled from one prompt share a ``group_id``. Groups are found by id, never by
 position: they need not be contiguous or of equal size, and a batch need not be a
@@ -57,7 +57,7 @@ def group_normalise(
 ) -> Tensor:
     """(r − μ_g) / (σ_g + eps) per sample (or r − μ_g without std scaling). Shape ``[B]``.
 
-    ``singleton`` decides a group of one (ALGORITHMS.md §10.2): ``"raw"`` treats it as
+    ``singleton`` decides a group of one (docs/algorithms.md §10.2): ``"raw"`` treats it as
     μ = 0, σ = 1 and keeps the raw reward (verl's loop implementations, our default, so a
     lone sample still teaches something); ``"zero"`` gives it no advantage (TRL, verl's
     vectorised RLOO).
@@ -80,7 +80,7 @@ def check_singleton_mode(singleton: str) -> None:
 def sequence_scores(token_rewards: Tensor, response_mask: Tensor) -> Tensor:
     """r_i = Σ_t m·token_rewards[i, t]: one scalar per response, ``[B, T] -> [B]``.
 
-    ALGORITHMS.md §0 sums every position; we sum valid positions only, so that a value left
+    docs/algorithms.md §0 sums every position; we sum valid positions only, so that a value left
     on a padding or observation token is ignored here exactly as GAE and the returns-to-go
     estimators ignore it. With rewards on the last valid token (the convention) both agree.
     """

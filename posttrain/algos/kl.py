@@ -1,4 +1,4 @@
-"""KL estimators, KL-in-reward shaping and KL coefficient controllers (ALGORITHMS.md §3).
+"""KL estimators, KL-in-reward shaping and KL coefficient controllers (docs/algorithms.md §3).
 
 Tokens are sampled from π (the policy), so with d = ℓ − ℓ_ref the estimators below estimate
 KL(π‖π_ref) from one sample per token. Where the KL goes is the caller's choice: subtract
@@ -37,7 +37,7 @@ def kl_estimate(
     Gradient facts (samples held fixed): k1 as a loss has zero expected gradient (use it in
     the reward); k2's gradient d·∇ℓ is the reverse-KL gradient; k3's expected gradient is
     that of the *forward* KL(π_ref‖π).
-    Clamps (ALGORITHMS.md §10.9): −d is clamped to ±``clamp_log_ratio`` before ``exp`` and
+    Clamps (docs/algorithms.md §10.9): −d is clamped to ±``clamp_log_ratio`` before ``exp`` and
     every value to ±``clamp_value`` (verl/OpenRLHF); pass None for TRL's unclamped k3.
     Masked positions are 0 when ``response_mask`` is given.
     Source: Schulman, "Approximating KL Divergence", 2020 (blog).

@@ -1,4 +1,4 @@
-"""Masked statistics, whitening and loss aggregation (ALGORITHMS.md §1).
+"""Masked statistics, whitening and loss aggregation (docs/algorithms.md §1).
 
 Every token tensor is ``[B, T]`` over response positions with a 0/1 ``mask`` of the same
 shape. Zeros may sit anywhere (right padding, and tool/environment tokens inside
@@ -26,7 +26,7 @@ def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
 
 
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
-    """mean_m(x) = Σ m·x / max(Σ m, 1)  (ALGORITHMS.md §1.1); 0 where nothing is valid."""
+    """mean_m(x) = Σ m·x / max(Σ m, 1)  (docs/algorithms.md §1.1); 0 where nothing is valid."""
     count = mask.to(x.dtype).sum() if dim is None else mask.to(x.dtype).sum(dim)
     return masked_sum(x, mask, dim) / count.clamp(min=1)
 
@@ -49,7 +49,7 @@ def masked_whiten(
     """whiten_m(x) = (x − mean_m(x)) / sqrt(var_m(x) + eps), zero where mask == 0.
 
     Statistics are token-weighted over every valid element of the batch, as verl and
-    OpenRLHF whiten advantages (ALGORITHMS.md §1.1). ``unbiased=False`` is OpenRLHF's
+    OpenRLHF whiten advantages (docs/algorithms.md §1.1). ``unbiased=False`` is OpenRLHF's
     variance; ``shift_mean=False`` rescales without centring (verl's option).
     """
     mean = masked_mean(x, mask)
@@ -68,7 +68,7 @@ def aggregate_loss(
     num_seqs: float | Tensor | None = None,
     norm_constant: float | None = None,
 ) -> Tensor:
-    """Reduce a per-token loss ``L [B, T]`` to a scalar (ALGORITHMS.md §1.2).
+    """Reduce a per-token loss ``L [B, T]`` to a scalar (docs/algorithms.md §1.2).
 
     With ``S_i = Σ_t m·L`` and ``B'`` the number of rows with at least one valid token:
 

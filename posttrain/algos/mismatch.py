@@ -29,7 +29,7 @@ from posttrain.algos.masked import masked_mean
 def truncated_is_weights(trainer_logprobs: Tensor, rollout_logprobs: Tensor, cap: float) -> Tensor:
     """w_t = min(exp(ℓ_old,t − ℓ_rollout,t), C), detached, ``[B, T]``.
 
-    The log-ratio is clamped to ±20 before ``exp`` (ALGORITHMS.md §10.9) so one token whose
+    The log-ratio is clamped to ±20 before ``exp`` (docs/algorithms.md §10.9) so one token whose
     engine log-prob is far off cannot overflow; the cap bounds the weight from above anyway.
     """
     if cap <= 0:

@@ -1,4 +1,4 @@
-"""Per-token policy losses (ALGORITHMS.md §4.1–4.8), each aggregated with §1.2.
+"""Per-token policy losses (docs/algorithms.md §4.1–4.8), each aggregated with §1.2.
 
 Every loss takes ``logprobs`` (ℓ, current policy, differentiable), ``old_logprobs`` (ℓ_old,
 the policy that produced the data; for ``decoupled_ppo`` the behaviour policy),
@@ -9,7 +9,7 @@ with L aggregated by ``agg_mode`` (default: the paper's mode, given at registrat
 ``num_tokens`` / ``num_seqs`` / ``norm_constant`` options of
 :func:`posttrain.algos.masked.aggregate_loss`.
 
-Log-ratio clamp (ALGORITHMS.md §10.9): ℓ − ℓ_old is clamped to ±20 before ``exp`` (verl,
+Log-ratio clamp (docs/algorithms.md §10.9): ℓ − ℓ_old is clamped to ±20 before ``exp`` (verl,
 OpenRLHF) so one wild token cannot overflow; ``log_ratio_clamp=None`` removes it (TRL).
 """
 
@@ -180,7 +180,7 @@ def cispo(
 
         w_t = sg(clip(ρ_t, r_min, r_max));   L_t = −w_t·A_t·ℓ_t
 
-    Convention (ALGORITHMS.md §10.6): bounds are absolute ratios. The default follows the
+    Convention (docs/algorithms.md §10.6): bounds are absolute ratios. The default follows the
     paper (no lower bound) with TRL's recommended upper cap 5.0 (ScaleRL); verl's behaviour is
     ``ratio_min = 1 − ε_low, ratio_max = 1 + ε_high``. The loss value contains ℓ itself, so
     only its gradient −w·A·∇ℓ is meaningful. ``clip_fraction`` counts tokens whose weight was

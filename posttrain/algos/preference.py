@@ -1,4 +1,4 @@
-"""Preference losses: the Bradley–Terry reward-model loss and the DPO family (ALGORITHMS.md §5).
+"""Preference losses: the Bradley–Terry reward-model loss and the DPO family (docs/algorithms.md §5).
 
 DPO variants act on summed completion log-probs (prompt tokens masked). With the
 reference-corrected log-ratios ``Δ_w = π_w − π_ref,w`` and ``Δ_l = π_l − π_ref,l`` the
@@ -62,7 +62,7 @@ def sigmoid(
     """DPO: −log σ(β·h); with label smoothing ε it is conservative DPO,
     −(1 − ε)·log σ(βh) − ε·log σ(−βh).
 
-    Convention (ALGORITHMS.md §10.8): ε applies here as in OpenRLHF and the DPO authors'
+    Convention (docs/algorithms.md §10.8): ε applies here as in OpenRLHF and the DPO authors'
     code (TRL ≥ 1.0 ignores it for "sigmoid"); ε = 0 is plain DPO. Returns per-pair ``[N]``.
     Sources: Rafailov et al., "Direct Preference Optimization", 2023, eq. 7; cDPO: Mitchell,
     "A Note on DPO with Noisy Preferences & Relationship to IPO", 2023.
@@ -83,7 +83,7 @@ def ipo(
 ) -> Tensor:
     """IPO: loss = (h' − 1/(2β))², β playing the paper's τ.
 
-    Convention (ALGORITHMS.md §10.7): when lengths are given, h' uses per-token averaged
+    Convention (docs/algorithms.md §10.7): when lengths are given, h' uses per-token averaged
     log-ratios Δ_w/n_w − Δ_l/n_l (TRL, AReaL); without them the summed h (OpenRLHF).
     Source: Azar et al., "A General Theoretical Paradigm to Understand Learning from Human
     Preferences", 2023, eq. 17.

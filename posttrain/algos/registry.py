@@ -1,6 +1,6 @@
 """Name → function registries for the pieces an algorithm is made of.
 
-An RL algorithm in posttrain is a choice of one entry per registry (DESIGN.md, "One idea"),
+An RL algorithm in posttrain is a choice of one entry per registry (docs/design.md, "One idea"),
 so the loop looks functions up by name and never branches on an algorithm's name. Two rules
 keep that safe: a name can be registered once (a silent overwrite would change what a
 preset means), and an unknown name fails with the list of valid ones.

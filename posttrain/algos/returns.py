@@ -1,4 +1,4 @@
-"""Advantage estimators built on returns-to-go (ALGORITHMS.md §2.1, 2.5, 2.6, 2.7).
+"""Advantage estimators built on returns-to-go (docs/algorithms.md §2.1, 2.5, 2.6, 2.7).
 
 Token rewards ``[B, T]`` carry the outcome on the last valid token (plus −β·kl per token
 when the KL sits in the reward). A masked position (padding, or a tool/environment token

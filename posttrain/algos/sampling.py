@@ -1,4 +1,4 @@
-"""DAPO's data-side techniques: dynamic sampling and overlong reward shaping (ALGORITHMS.md §7)."""
+"""DAPO's data-side techniques: dynamic sampling and overlong reward shaping (docs/algorithms.md §7)."""
 
 from __future__ import annotations
 

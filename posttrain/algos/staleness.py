@@ -1,4 +1,4 @@
-"""Bounded staleness for asynchronous RL (ALGORITHMS.md §8.1)."""
+"""Bounded staleness for asynchronous RL (docs/algorithms.md §8.1)."""
 
 from __future__ import annotations
 

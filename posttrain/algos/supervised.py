@@ -1,4 +1,4 @@
-"""The supervised fine-tuning loss (ALGORITHMS.md §6)."""
+"""The supervised fine-tuning loss (docs/algorithms.md §6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The critic's clipped value loss (ALGORITHMS.md §4.9)."""
+"""The critic's clipped value loss (docs/algorithms.md §4.9)."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ def token_logprobs(
 def token_entropies(logits: Tensor, *, temperature: float = 1.0, chunk_size: int | None = None) -> Tensor:
     """Entropy H = −Σ_v p_v log p_v of softmax(logits / temperature) per position, ``[B, T, V] -> [B, T]``.
 
-    Chunked like :func:`token_logprobs`; differentiable, for the entropy bonus (ALGORITHMS.md §4.10).
+    Chunked like :func:`token_logprobs`; differentiable, for the entropy bonus (docs/algorithms.md §4.10).
     """
     flat = logits.reshape(-1, logits.shape[-1])
     _, entropies = _chunked(flat, None, nn.Identity(), flat.shape[-1], temperature, chunk_size, entropy=True)

@@ -1,6 +1,6 @@
 """Built-in reward names, and how a config's reward entry becomes a callable.
 
-A reward function follows TRL's signature (DESIGN.md, public contract)::
+A reward function follows TRL's signature (docs/design.md, public contract)::
 
     fn(prompts, completions, completion_ids, **columns) -> list[float | None]
 

@@ -109,7 +109,7 @@ class LengthReward:
 
 @register_reward("overlong")
 class OverlongPenalty:
-    """DAPO's soft overlong punishment on the token length (ALGORITHMS.md §7.2): 0 up to
+    """DAPO's soft overlong punishment on the token length (docs/algorithms.md §7.2): 0 up to
     max_length − cache_length, then linear down to −factor at max_length."""
 
     def __init__(self, max_length: int, cache_length: int, factor: float = 1.0) -> None:

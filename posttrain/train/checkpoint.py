@@ -286,7 +286,7 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def save_final(model: Any, path: str | Path, tokenizer: Any = None) -> Path:
-    """A run's ``final/`` folder: always a plain Hugging Face model folder (DESIGN.md's run
+    """A run's ``final/`` folder: always a plain Hugging Face model folder (docs/design.md's run
     directory), so the next stage or any tool loads it by path. For a LoRA (peft) model that is
     the model with its adapters folded in, and the adapters alone go to ``final/adapter/``."""
     path = Path(path)

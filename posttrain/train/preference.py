@@ -45,7 +45,7 @@ def _both_sides(examples: Sequence[PairExample], pad_id: int, device: torch.devi
 
 
 class RewardModelObjective:
-    """Bradley–Terry: mean(−log σ(r_w − r_l − m)) + c·mean((r_w + r_l)²) (ALGORITHMS.md §5.5).
+    """Bradley–Terry: mean(−log σ(r_w − r_l − m)) + c·mean((r_w + r_l)²) (docs/algorithms.md §5.5).
 
     ``model`` is a sequence-scoring model (``AutoModelForSequenceClassification`` with one
     label): its score of a sequence is the logit at the last non-pad token.
@@ -101,7 +101,7 @@ def sequence_logprob_sums(model: nn.Module, batch: Mapping[str, Tensor]) -> tupl
 
 class DPOObjective:
     """The DPO family (sigmoid, ipo, hinge, robust; label smoothing = cDPO) on summed
-    completion log-probs against a frozen reference (ALGORITHMS.md §5.1–5.4).
+    completion log-probs against a frozen reference (docs/algorithms.md §5.1–5.4).
 
     The reference is a frozen copy of the initial policy unless ``reference`` is given (with
     LoRA, pass the policy itself and a ``reference_context`` that disables the adapters, so

@@ -1,7 +1,7 @@
 """The one online RL loop (seed 000): generate a group per prompt → score → advantages →
 clipped policy-gradient updates → the next batch samples from the updated weights.
 
-Every algorithm of ALGORITHMS.md is a setting of this loop, chosen by registry names in the
+Every algorithm of docs/algorithms.md is a setting of this loop, chosen by registry names in the
 config (``posttrain.train.rl_config``), never a subclass:
 
     rollout      engine.generate(prompts, n = samples_per_prompt)            rollout/

@@ -1,4 +1,4 @@
-"""The rollout batch the RL loop passes from stage to stage (DESIGN.md, "The data that flows").
+"""The rollout batch the RL loop passes from stage to stage (docs/design.md, "The data that flows").
 
 Created from the engine's :class:`~posttrain.rollout.types.Rollouts`, filled by the rewards
 (``scores``, ``reward_components``) and the algorithm (``token_rewards``, ``advantages``,

@@ -1,7 +1,7 @@
 """The config of ``posttrain rl``: every option documented once, algorithm presets, and the
 checks that reject an impossible combination before any model loads.
 
-An *algorithm* is data, not a class (DESIGN.md, "One idea"): a choice of advantage
+An *algorithm* is data, not a class (docs/design.md, "One idea"): a choice of advantage
 estimator, policy loss, aggregation, KL placement and a few data-side switches. The named
 presets are YAML files in ``posttrain/presets/`` (shipped inside the package, so
 ``algorithm: grpo`` works after a plain ``pip install``); ``algorithm: grpo`` loads one and
@@ -48,7 +48,7 @@ PRESET_PACKAGE = "posttrain.presets"
 
 
 class KLSection(Section):
-    """Where the KL to the reference policy goes, and how strong it is (ALGORITHMS.md §3)."""
+    """Where the KL to the reference policy goes, and how strong it is (docs/algorithms.md §3)."""
 
     placement: Literal["none", "reward", "loss"] = "none"
     """"reward": r_t ← r_t − β·kl_t from the rollout policy (PPO-RLHF, RLOO, REINFORCE++);
@@ -92,7 +92,7 @@ class CriticSection(Section):
 
 
 class DynamicSamplingSection(Section):
-    """DAPO dynamic sampling (ALGORITHMS.md §7.1)."""
+    """DAPO dynamic sampling (docs/algorithms.md §7.1)."""
 
     enabled: bool = False
     """Drop groups whose rewards are all equal and sample more prompts to refill the batch."""
@@ -101,7 +101,7 @@ class DynamicSamplingSection(Section):
 
 
 class OverlongSection(Section):
-    """DAPO's soft overlong punishment (ALGORITHMS.md §7.2); off unless `enabled`."""
+    """DAPO's soft overlong punishment (docs/algorithms.md §7.2); off unless `enabled`."""
 
     enabled: bool = False
     """Add R_len(L) to the reward of each sample."""
@@ -113,7 +113,7 @@ class OverlongSection(Section):
 
 
 class AlgorithmSection(Section):
-    """One RL algorithm = estimator × loss × aggregation × KL placement (ALGORITHMS.md §9)."""
+    """One RL algorithm = estimator × loss × aggregation × KL placement (docs/algorithms.md §9)."""
 
     preset: str | None = None
     """The preset this section started from (set by `algorithm: NAME`)."""
@@ -129,7 +129,7 @@ class AlgorithmSection(Section):
     agg_mode: Literal[
         "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
     ] = "token-mean"
-    """How per-token losses become one number (ALGORITHMS.md §1.2); seq-mean-token-sum-norm
+    """How per-token losses become one number (docs/algorithms.md §1.2); seq-mean-token-sum-norm
     divides by max_new_tokens."""
     kl: KLSection = Field(default_factory=KLSection)
     """KL regularisation to the initial policy."""
@@ -225,7 +225,7 @@ class RLRun(Section):
     sampling: SamplingSection = Field(default_factory=SamplingSection)
     """Sampling options."""
     temperature: float | None = Field(None, gt=0)
-    """Shortcut for sampling.temperature (DESIGN.md's top-level key)."""
+    """Shortcut for sampling.temperature (docs/design.md's top-level key)."""
     learning_rate: float = Field(1e-5, gt=0)
     """AdamW rate of the policy."""
     lr_scheduler: Literal["constant_with_warmup", "cosine", "linear"] = "constant_with_warmup"
@@ -354,7 +354,7 @@ def combination_problems(config: RLRun) -> list[str]:
         problems.append(f"algorithm.kl.controller = {kl.controller!r} needs algorithm.kl.placement = 'reward'")
     if kl.placement == "loss" and kl.estimator == "k1":
         problems.append(
-            "algorithm.kl.estimator = 'k1' in the loss has zero expected gradient (ALGORITHMS.md §3.1): "
+            "algorithm.kl.estimator = 'k1' in the loss has zero expected gradient (docs/algorithms.md §3.1): "
             "use k2 or k3 there, or placement 'reward'"
         )
     if kl.level == "sequence" and kl.placement != "reward":

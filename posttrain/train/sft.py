@@ -105,7 +105,7 @@ class SFTObjective:
     Examples are ``(input_ids, loss_mask)`` from :func:`encode_row`. The loss of a
     micro-batch is the sum of its completion-token NLLs divided by the completion tokens of
     the whole optimizer step, i.e. ``token-mean`` over the step however it is split into
-    micro-batches (ALGORITHMS.md §1.2, note on gradient accumulation).
+    micro-batches (docs/algorithms.md §1.2, note on gradient accumulation).
 
     With ``packing``, the loop's items are packed rows (tuples of examples, from
     :func:`posttrain.train.packing.pack_examples`) instead of examples; the units stay the

@@ -1,6 +1,6 @@
 """Hand-computed expected values for every registry entry.
 
-Each number below was worked out from the formula in ALGORITHMS.md (by hand, or in plain
+Each number below was worked out from the formula in docs/algorithms.md (by hand, or in plain
 float64 Python arithmetic shown in the comment), never by calling the code under test.
 `test_golden.py` fails if a registered name has no case here.
 """

@@ -1,4 +1,4 @@
-"""DAPO data-side helpers, AReaL staleness, and classic REINFORCE pieces (§2.7, §7, §8)."""
+"""DAPO data-side helpers, AReaL staleness, and classic REINFORCE pieces (docs/algorithms.md §2.7, §7, §8)."""
 
 from __future__ import annotations
 

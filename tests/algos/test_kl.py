@@ -1,4 +1,4 @@
-"""KL estimators, reward shaping and controllers (ALGORITHMS.md §3)."""
+"""KL estimators, reward shaping and controllers (docs/algorithms.md §3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Value, preference, SFT, entropy and combined actor losses (ALGORITHMS.md §4.9–§6)."""
+"""Value, preference, SFT, entropy and combined actor losses (docs/algorithms.md §4.9–§6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Masked statistics and the five loss aggregation modes (ALGORITHMS.md §1)."""
+"""Masked statistics and the five loss aggregation modes (docs/algorithms.md §1)."""
 
 from __future__ import annotations
 

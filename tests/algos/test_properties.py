@@ -104,7 +104,7 @@ def test_identical_rewards_in_every_group_give_zero_advantage(name, mask, seed, 
     last = (mask * torch.arange(mask.shape[1])).argmax(-1)
     inputs["token_rewards"][torch.arange(mask.shape[0]), last] = value
     inputs["reward_components"] = torch.full_like(inputs["reward_components"], value)
-    # singletons keep their raw reward by convention (ALGORITHMS.md §10.2): use groups of >= 2
+    # singletons keep their raw reward by convention (docs/algorithms.md §10.2): use groups of >= 2
     if mask.shape[0] % 2:
         inputs["group_ids"][-1] = inputs["group_ids"][-2]
     advantages, _ = ADVANTAGE_ESTIMATORS[name](**inputs)

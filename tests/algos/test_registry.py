@@ -99,7 +99,7 @@ def test_importing_the_math_pulls_in_no_heavy_stack():
 
 
 def test_public_signatures_of_design_md_hold():
-    """DESIGN.md's contract, called exactly as it is written there."""
+    """docs/design.md's contract, called exactly as it is written there."""
     import posttrain.algos as algos
 
     logp, ref, mask = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]), torch.ones(1, 2)
