@@ -213,7 +213,10 @@ def test_outputs_carry_no_autograd_state_and_train_with_the_policy(tokenizer):
     # a policy-loss-like product with the mask and the engine log-probs back-propagates
     weight = torch.ones((), requires_grad=True)
     ((weight * out.logprobs).exp() * out.response_mask).sum().backward()
-    assert weight.grad is not None
+    # d/dw Σ m·exp(w·ℓ) at w = 1 is Σ m·ℓ·exp(ℓ): the engine's values, not a detached constant
+    expected = (out.response_mask * out.logprobs * out.logprobs.exp()).sum()
+    torch.testing.assert_close(weight.grad, expected)
+    assert float(expected) < 0
 
 
 @pytest.mark.parametrize("kind", ["native", "transformers"])
