@@ -10,10 +10,13 @@ Estimators that need returns-to-go or a critic live in ``returns.py``.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor
 
 from posttrain.algos.groups import (
+    SingletonMode,
     broadcast_to_tokens,
     check_singleton_mode,
     group_normalise,
@@ -43,8 +46,8 @@ def grpo(
     *,
     eps: float = GROUP_STD_EPS,
     norm_by_std: bool = True,
-    std_scope: str = "group",
-    singleton: str = "raw",
+    std_scope: Literal["group", "batch"] = "group",
+    singleton: SingletonMode = "raw",
 ) -> tuple[Tensor, Tensor]:
     """GRPO outcome advantage: A_i = (r_i − μ_g) / (σ_g + ε), on every valid token of i.
 
@@ -74,7 +77,7 @@ def dr_grpo(
     response_mask: Tensor,
     group_ids: Tensor | None = None,
     *,
-    singleton: str = "raw",
+    singleton: SingletonMode = "raw",
 ) -> tuple[Tensor, Tensor]:
     """Dr. GRPO advantage: A_i = r_i − μ_g (no division by σ_g).
 
@@ -96,7 +99,7 @@ def rloo(
     response_mask: Tensor,
     group_ids: Tensor | None = None,
     *,
-    singleton: str = "raw",
+    singleton: SingletonMode = "raw",
 ) -> tuple[Tensor, Tensor]:
     """RLOO: A_i = r_i − (Σ_{j≠i} r_j)/(k − 1) = k/(k − 1)·(r_i − μ_g) within i's group.
 
@@ -123,7 +126,7 @@ def reinforce_pp_baseline(
     group_ids: Tensor | None = None,
     *,
     unbiased: bool = True,
-    singleton: str = "raw",
+    singleton: SingletonMode = "raw",
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++-baseline: a_i = r_i − μ_g, then A = whiten_m(broadcast(a)) over the batch.
 
@@ -151,9 +154,9 @@ def gpg(
     response_mask: Tensor,
     group_ids: Tensor | None = None,
     *,
-    alpha_mode: str = "nonzero_scores",
+    alpha_mode: Literal["nonzero_scores", "valid_samples"] = "nonzero_scores",
     f_norm: float = 1.0,
-    singleton: str = "raw",
+    singleton: SingletonMode = "raw",
 ) -> tuple[Tensor, Tensor]:
     """GPG: A_i = α·(r_i − μ_g)/F_norm, with α compensating for groups that carry no signal.
 
@@ -187,8 +190,8 @@ def gdpo(
     *,
     component_weights: Tensor | list[float] | None = None,
     eps: float = 1e-6,
-    batch_norm: str = "token",
-    singleton: str = "raw",
+    batch_norm: Literal["token", "sequence"] = "token",
+    singleton: SingletonMode = "raw",
 ) -> tuple[Tensor, Tensor]:
     """GDPO: normalise each reward component in its group, sum with weights, renormalise.
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor
 
@@ -23,10 +25,10 @@ def decoupled_ppo(
     clip_low: float = 0.2,
     clip_high: float | None = None,
     clip_c: float | None = None,
-    behaviour_weight: str = "mask",
+    behaviour_weight: Literal["mask", "clamp", "none"] = "mask",
     weight_cap: float | None = 5.0,
     weight_floor: float | None = None,
-    weight_level: str = "token",
+    weight_level: Literal["token", "sequence"] = "token",
     log_ratio_clamp: float | None = 20.0,
 ) -> tuple[Tensor, Metrics]:
     """Decoupled PPO: a trust region around π_prox, corrected for the stale behaviour policy.

@@ -8,11 +8,13 @@ multiple of the group size (DAPO's filtered batches, uneven data-parallel shards
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
 
-SINGLETON_MODES = ("raw", "zero")
+SingletonMode = Literal["raw", "zero"]
+SINGLETON_MODES: tuple[SingletonMode, ...] = ("raw", "zero")
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ def group_normalise(
     *,
     scale_by_std: bool,
     eps: float,
-    singleton: str = "raw",
+    singleton: SingletonMode = "raw",
 ) -> Tensor:
     """(r − μ_g) / (σ_g + eps) per sample (or r − μ_g without std scaling). Shape ``[B]``.
 

@@ -10,6 +10,7 @@ final reward (verl 0.9.1 behaviour; the 0.8 snapshot reset at masked tokens).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -85,7 +86,7 @@ def reinforce(
     baseline_scores: Tensor | None = None,
     *,
     gamma: float = 1.0,
-    standardize: str = "none",
+    standardize: Literal["none", "sequence", "batch"] = "none",
     eps: float = 1.1920929e-07,
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE with discounted returns and an optional baseline.

@@ -25,11 +25,13 @@ Batch semantics, spelled out once:
 
 from __future__ import annotations
 
+import inspect
+import typing
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PydanticSchemaGenerationError, TypeAdapter, ValidationError, model_validator
 
 from posttrain.config import (
     Beta,
@@ -396,10 +398,42 @@ def combination_problems(config: RLRun) -> list[str]:
         if unknown:
             takes = ", ".join(sorted(valid)) or "no options"
             problems.append(f"{key}: {name!r} has no option {', '.join(unknown)}; it takes {takes}")
+        elif name in registry:
+            problems += _option_type_problems(key, name, registry[name], options)
     problems += _reward_problems(config)
     if config.model.lora is not None and algo.critic is not None:
         problems.append("model.lora with algorithm.critic is not supported yet: train the critic in full")
     return problems
+
+
+def _option_type_problems(key: str, name: str, fn: Any, options: dict[str, Any]) -> list[str]:
+    """Option values against the entry's own type hints (``clip_c: float | None``), strictly: a
+    string where a number goes would otherwise fail inside the loss, on the first step that
+    trains a sample. Hints that are not plain data (tensors, callables) are left to the entry."""
+    try:
+        hints = typing.get_type_hints(inspect.unwrap(fn))
+    except (NameError, TypeError):  # an entry whose hints do not resolve: nothing to check against
+        return []
+    problems = []
+    for option, value in options.items():
+        if option not in hints:
+            continue
+        try:
+            adapter = TypeAdapter(hints[option])
+        except PydanticSchemaGenerationError:
+            continue
+        try:
+            adapter.validate_python(value, strict=True)
+        except ValidationError:
+            problems.append(f"{key}.{option} = {value!r}: {name!r} takes {_describe_type(hints[option])} there")
+    return problems
+
+
+def _describe_type(hint: Any) -> str:
+    """``Literal["raw", "zero"]`` → "one of 'raw', 'zero'"; ``float | None`` → "float | None"."""
+    if typing.get_origin(hint) is Literal:
+        return "one of " + ", ".join(repr(choice) for choice in typing.get_args(hint))
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
 
 
 def _reward_problems(config: RLRun) -> list[str]:

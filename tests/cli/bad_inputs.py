@@ -134,6 +134,12 @@ COMMAND_CONFIGS = {
         ("algorithm.baseline=median", ["algorithm.baseline", "greedy"]),
         ("algorithm.advantage_options={bogus: 1}", ["bogus"]),
         ("algorithm.loss_options={bogus: 1}", ["bogus"]),
+        # values of the wrong type: refused from the entry's type hints, not at the first trained step
+        ("algorithm.loss_options={clip_c: abc}", ["algorithm.loss_options.clip_c", "float"]),
+        ("algorithm.loss_options={clip_low: [0.2]}", ["algorithm.loss_options.clip_low", "float"]),
+        ("algorithm.advantage_options={eps: small}", ["algorithm.advantage_options.eps", "float"]),
+        ("algorithm.advantage_options={singleton: bogus}", ["algorithm.advantage_options.singleton", "'zero'"]),
+        ("algorithm.advantage=gpg ; algorithm.advantage_options={alpha_mode: all}", ["alpha_mode", "'valid_samples'"]),
         ("algorithm.dynamic_sampling.max_rounds=0", ["algorithm.dynamic_sampling.max_rounds"]),
         ("algorithm.overlong.cache_length=0", ["algorithm.overlong.cache_length"]),
         ("algorithm.entropy_coef=abc", ["algorithm.entropy_coef"]),
