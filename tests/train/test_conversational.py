@@ -149,7 +149,8 @@ def test_an_rl_prompt_the_chat_template_refuses_is_one_message_naming_the_row(tm
     rows = [{"prompt": [user(f"Reverse {name}.")]} for name in NAMES]
     rows[2]["prompt"] = [{"role": "system", "content": "Be brief."}, *rows[2]["prompt"]]
     data = write_jsonl(tmp_path / "prompts.jsonl", rows)
-    config = load_rl_config(None, [*TINY, f"data.path={data}", "reward_workers=0", f"output_dir={tmp_path / 'o'}"])
+    overrides = [*TINY, f"data.path={data}", "prompts_per_step=4", "reward_workers=0", f"output_dir={tmp_path / 'o'}"]
+    config = load_rl_config(None, overrides)
     expected = f"{data}, row 2 (line 3): the tokenizer's chat template refuses this conversation: System role not"
     with pytest.raises(DataError, match=re.escape(expected)):
         OnlineRL(config, model=model, tokenizer=tokenizer, reward_functions=[reward_len], echo=lambda line: None)
