@@ -92,8 +92,12 @@ def test_runs_killed_at_random_instants_resume_to_the_straight_run_bitwise(tmp_p
     while not (straight / "metrics.jsonl").exists() and process.poll() is None:
         time.sleep(0.01)
     first_step = time.monotonic() - started  # start-up: imports, model, data, rewards
+    while logged_step(straight) < STEPS and process.poll() is None:
+        time.sleep(0.01)
+    last_step = time.monotonic() - started
     finish(process)
-    step_time = (time.monotonic() - started - first_step) / STEPS
+    step_time = (last_step - first_step) / (STEPS - 1)
+    closing = time.monotonic() - started - last_step  # the final model and the report
     expected_metrics, expected_weights = metrics(straight), adapter(straight)
     assert [row["train/active_fraction"] for row in expected_metrics if row["step"] in DEAD] == [0.0] * len(DEAD)
 
@@ -108,7 +112,9 @@ def test_runs_killed_at_random_instants_resume_to_the_straight_run_bitwise(tmp_p
             chains += 1
             chain, resume = tmp_path / f"killed-{chains}", False
         done = logged_step(chain)
-        if rng.random() < 0.2:
+        if done == STEPS:  # every step logged: start-up and the final save are left
+            target, delay = 0, rng.uniform(0.2, 1.5) * (first_step + closing)
+        elif rng.random() < 0.2:
             target, delay = 0, rng.uniform(0.2, 1.0) * first_step
         else:
             target, delay = rng.randint(done + 1, STEPS), rng.uniform(0.0, 1.5) * step_time
