@@ -40,25 +40,22 @@ from posttrain.algos import (
     FixedKLController,
     RunningMeanBaseline,
     actor_loss,
-    group_stats,
     kl_estimate,
     masked_mean,
-    overlong_reward_penalty,
     place_scores_at_last_token,
     shape_token_rewards,
     value_loss,
 )
 from posttrain.algos.mismatch import rollout_mismatch, truncated_is_weights
-from posttrain.algos.sampling import dapo_group_filter
 from posttrain.config import ConfigError, dump_config
 from posttrain.data import DataError
-from posttrain.data.lengths import context_limit, drop_overlong
+from posttrain.data.lengths import context_limit
 from posttrain.memory import return_free_memory
 from posttrain.models.logprobs import response_logprobs, shared_prompt_logprobs
 from posttrain.rewards import NamedReward, RewardFunctionError, RewardSet, resolve_reward
-from posttrain.rewards.combine import combine, reward_applies
 from posttrain.rollout.engine import build_engine
-from posttrain.rollout.types import SamplingParams
+from posttrain.sources import RolloutSource
+from posttrain.sources.single_turn import SingleTurnSource
 from posttrain.telemetry import MetricsLogger, Progress, write_failure_report, write_report
 from posttrain.telemetry.metrics import check_report_to
 from posttrain.train.checkpoint import (
@@ -73,26 +70,16 @@ from posttrain.train.recipes import (
     build_model_and_tokenizer,
     check_enough_rows,
     check_model_source,
-    data_source,
-    encode_rows,
     load_rows,
 )
-from posttrain.train.rl_batch import RolloutBatch, concat, from_rollouts
+from posttrain.train.rl_batch import RolloutBatch
 from posttrain.train.rl_checks import StepWarnings, preflight_rewards
 from posttrain.train.rl_config import GROUP_ESTIMATORS, RLRun
 from posttrain.train.run_dir import prepare_run_dir, start_point
-from posttrain.train.sampler import EpochSampler
 from posttrain.train.schedule import lr_multiplier
 
 Echo = Callable[[str], None]
 PROGRESS_KEYS = ("reward/mean", "eval/accuracy", "loss/policy", "kl/ref", "response/length_mean")
-
-
-def encode_prompt(tokenizer: Any, prompt: Any) -> list[int]:
-    """Token ids a sampler continues from: plain text as is, chat messages through the template."""
-    from posttrain.models.chat import prompt_ids
-
-    return prompt_ids(tokenizer, prompt)
 
 
 class OnlineRL:
@@ -150,12 +137,14 @@ class OnlineRL:
         self.policy, self.tokenizer = model, tokenizer
         self.policy.train()
         self.out = Path(config.output_dir)
-        self.prompt_ids = self._prompts_within_context(train_rows)
 
         # models around the policy
         self.reference = self._build_reference() if self.algo.kl.needs_reference else None
         self.critic = self._build_critic() if self.algo.critic is not None else None
         self.engine = build_engine(self.policy, tokenizer, kind=config.engine_kind, vllm_options=config.rollout.vllm)
+        self.source: RolloutSource = SingleTurnSource(
+            config, self.engine, tokenizer, train_rows, self.rewards, context_limit(self.policy), echo
+        )
 
         # optimisation state
         params = [p for p in self.policy.parameters() if p.requires_grad]
@@ -179,34 +168,12 @@ class OnlineRL:
             if self.critic is not None
             else None
         )
-        self.sampler = EpochSampler(len(self.rows), config.prompts_per_step, config.seed)
         self.kl_controller = self._build_kl_controller()
         self.running_baseline = RunningMeanBaseline() if self.algo.baseline == "running_mean" else None
         self.step_count = 0
         self.warnings = StepWarnings(echo, max_new_tokens=config.max_new_tokens)
 
     # ------------------------------------------------------------------ construction
-    def _prompts_within_context(self, rows: Sequence[dict[str, Any]]) -> list[list[int]]:
-        """Token ids of every training prompt (a prompt the chat template refuses is a data error
-        naming its row) that leaves room for ``max_new_tokens`` in the model's context; the others
-        are refused or skipped by ``data/lengths.py``'s rule (with their rows, so that a row and
-        its prompt stay aligned)."""
-        config = self.config
-        source = data_source(config.data)
-        ids = encode_rows(lambda row: encode_prompt(self.tokenizer, row[self.prompt_column]), rows, source)
-        lengths = [len(prompt) + config.max_new_tokens for prompt in ids]
-        what = f"prompts (+ max_new_tokens = {config.max_new_tokens}) of {source}"
-        kept = drop_overlong(
-            list(zip(self.rows, ids, strict=True)),
-            lengths,
-            context_limit(self.policy),
-            what=what,
-            on_bad_row=config.data.on_bad_row,
-            echo=self.echo,
-        )
-        self.rows = [row for row, _ in kept]
-        return [ids for _, ids in kept]
-
     def _resolve_rewards(
         self, functions: Sequence[Callable[..., Any] | NamedReward] | None, task_reward: str | None
     ) -> list[NamedReward]:
@@ -283,7 +250,7 @@ class OnlineRL:
             config=config.model_dump(mode="json"),
         )
         progress = Progress(config.steps, keys=PROGRESS_KEYS, every=config.log_every, label="rl", start=start)
-        self.rewards.start()  # worker start-up is not charged to the first step's reward time
+        self.source.start()  # worker start-up is not charged to the first step's reward time
         try:
             if start == 0 and self.held_out:
                 logger.log(0, self.evaluate())
@@ -313,14 +280,14 @@ class OnlineRL:
         finally:
             progress.close()
             logger.close()
-            self.rewards.close()
+            self.source.close()
         return history
 
     def step(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """One RL step: collect a scored batch, compute advantages, update. Returns the step's
         metrics and a few sample completions."""
         t0 = time.perf_counter()
-        batch, metrics = self.collect(step)
+        batch, metrics = self.source.next_batch(step)
         if step == 1 and self.config.preflight:
             for note in preflight_rewards(
                 self.rewards.names,
@@ -336,7 +303,7 @@ class OnlineRL:
         metrics.update(self.update(batch, step))
         return_free_memory()  # the update's activations, before the next rollout or evaluation allocates
         t3 = time.perf_counter()
-        self.engine.update_weights(step)  # vLLM: copies the new weights in; raises if it cannot
+        self.source.sync_weights(step)
         t4 = time.perf_counter()
         self.step_count = step
         generated = float(batch.response_mask.sum())
@@ -351,105 +318,6 @@ class OnlineRL:
             }
         )
         return metrics, self._samples(batch)
-
-    # ------------------------------------------------------------------ rollout + reward
-    def collect(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
-        """Sample and score ``prompts_per_step`` groups. With dynamic sampling, groups whose
-        rewards are all equal are dropped and further prompts sampled, up to ``max_rounds``."""
-        config, dynamic = self.config, self.algo.dynamic_sampling
-        rounds = dynamic.max_rounds if dynamic.enabled else 1
-        kept: list[RolloutBatch] = []
-        kept_groups, metrics = 0, {"time/generate_s": 0.0, "time/reward_s": 0.0}
-        drawn = 0
-        for round_index in range(rounds):
-            batch, round_metrics = self._sample_and_score(step, round_index, group_offset=drawn)
-            drawn += config.prompts_per_step
-            if round_index == 0:
-                metrics.update(round_metrics)
-            else:
-                metrics["time/generate_s"] += round_metrics["time/generate_s"]
-                metrics["time/reward_s"] += round_metrics["time/reward_s"]
-            if dynamic.enabled:
-                batch = batch.select(torch.nonzero(_groups_with_signal(batch)).flatten())
-            kept.append(batch)
-            kept_groups += int(batch.group_ids.unique().numel())
-            if kept_groups >= config.prompts_per_step:
-                break
-        batch = concat(kept, self.engine.pad_id)
-        if dynamic.enabled:
-            groups = batch.group_ids.unique(sorted=False)[: config.prompts_per_step]
-            batch = batch.select(torch.nonzero(torch.isin(batch.group_ids, groups)).flatten())
-            metrics["dynamic_sampling/rounds"] = round_index + 1
-            metrics["dynamic_sampling/kept_groups"] = float(groups.numel())
-            if groups.numel() < config.prompts_per_step and step % 10 == 1:
-                self.echo(
-                    f"[warning] step {step}: dynamic sampling kept {groups.numel()} of {config.prompts_per_step} "
-                    f"groups after {rounds} rounds; training on what was kept "
-                    "(raise algorithm.dynamic_sampling.max_rounds)"
-                )
-        return batch, metrics
-
-    def _sample_and_score(
-        self, step: int, round_index: int, group_offset: int
-    ) -> tuple[RolloutBatch, dict[str, float]]:
-        config = self.config
-        indices = self.sampler.next_batch()
-        rows = [self.rows[i] for i in indices]
-        sampling = SamplingParams(
-            n=config.samples_per_prompt,
-            max_new_tokens=config.max_new_tokens,
-            temperature=config.temperature_value,
-            top_p=config.sampling.top_p,
-            top_k=config.sampling.top_k,
-            stop_strings=tuple(config.sampling.stop),
-            # derived from (seed, step, round), so a resumed run samples exactly the same tokens
-            seed=(config.seed * 1_000_003 + step * 1009 + round_index) % 2**62,
-        )
-        t0 = time.perf_counter()
-        rollouts = self.engine.generate([self.prompt_ids[i] for i in indices], sampling)
-        t1 = time.perf_counter()
-        batch = from_rollouts(rollouts, self.tokenizer, rows, self.prompt_column, group_offset)
-        result = self.rewards.score(
-            batch.prompts, batch.completions, batch.completion_ids, batch.columns, group_ids=batch.group_ids
-        )
-        t2 = time.perf_counter()
-        scores = result.scores
-        if self.algo.overlong.enabled:
-            penalty = overlong_reward_penalty(
-                batch.response_mask.sum(-1),
-                config.max_new_tokens,
-                self.algo.overlong.cache_length,
-                self.algo.overlong.factor,
-            )
-            scores = scores + penalty
-        batch.scores, batch.reward_components = scores, result.components
-        metrics = {**result.metrics, **self._reward_metrics(batch)}
-        metrics.update({"time/generate_s": t1 - t0, "time/reward_s": t2 - t1})
-        metrics["throughput/generated_tokens_per_s"] = float(batch.response_mask.sum()) / max(t1 - t0, 1e-9)
-        return batch, metrics
-
-    def _reward_metrics(self, batch: RolloutBatch) -> dict[str, float]:
-        scores = batch.scores
-        present = ~scores.isnan()
-        valid = scores[present]
-        lengths = batch.response_mask.sum(-1)
-        metrics = {
-            "reward/mean": float(valid.mean()) if valid.numel() else math.nan,
-            "reward/std": float(valid.std(unbiased=False)) if valid.numel() else math.nan,
-            "reward/none_fraction": 1.0 - float(present.float().mean()),
-            "response/length_mean": float(lengths.mean()),
-            "response/length_max": float(lengths.max()),
-            "response/truncated_fraction": float(batch.truncated.float().mean()),
-        }
-        # a sum of several 0/1 rewards (answer + format) that happens to be 0/1 is no accuracy
-        if len(self.rewards.names) == 1 and valid.numel() and bool(((valid == 0) | (valid == 1)).all()):
-            metrics["reward/accuracy"] = float(valid.mean())
-        if present.any():
-            stats = group_stats(valid, batch.group_ids[present])
-            zero, at_max = _zero_variance_shares(stats.std, stats.size, valid, batch.group_ids[present])
-            metrics["reward/zero_variance_group_fraction"] = zero
-            metrics["reward/zero_variance_at_max_fraction"] = at_max
-        return metrics
 
     # ------------------------------------------------------------------ advantages
     @torch.no_grad()
@@ -553,30 +421,7 @@ class OnlineRL:
             value = self.running_baseline.value
             self.running_baseline.update(batch.scores)
             return torch.full_like(batch.scores, value)
-        if self.algo.baseline == "greedy":
-            return self._greedy_baseline(batch)
-        return None
-
-    def _greedy_baseline(self, batch: RolloutBatch) -> Tensor:
-        """ReMax: the reward of one greedy completion per prompt, for every sample of that prompt,
-        summed over the same rewards as the prompt's samples; NaN when the greedy completion
-        has no score from one of them (the prompt is then dropped, never compared with 0)."""
-        groups, first = torch.unique(batch.group_ids, return_inverse=True)
-        representative = [int(torch.nonzero(first == g)[0]) for g in range(groups.numel())]
-        prompts = [batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist() for i in representative]
-        greedy_sampling = SamplingParams(
-            greedy=True, max_new_tokens=self.config.max_new_tokens, stop_strings=tuple(self.config.sampling.stop)
-        )
-        rollouts = self.engine.generate(prompts, greedy_sampling)
-        rows = [
-            {self.prompt_column: batch.prompts[i], **{k: v[i] for k, v in batch.columns.items()}}
-            for i in representative
-        ]
-        greedy = from_rollouts(rollouts, self.tokenizer, rows, self.prompt_column)
-        result = self.rewards.score(greedy.prompts, greedy.completions, greedy.completion_ids, greedy.columns)
-        applies = reward_applies(batch.reward_components, batch.group_ids)[representative]
-        failed = result.failed if result.failed is not None else torch.zeros_like(applies)
-        return combine(result.components, result.weights, applies, failed)[first]
+        return batch.baseline_scores  # ReMax's greedy decode, scored by the source; None otherwise
 
     def sequence_logprobs(
         self, model: nn.Module, batch: RolloutBatch, *, with_entropy: bool = False
@@ -842,9 +687,8 @@ class OnlineRL:
         state: dict[str, Any] = {
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "sampler": self.sampler.state_dict(),
             "kl_coef": self.kl_controller.value,
-            "rewards": self.rewards.state_dict(),
+            **self.source.state_dict(),
         }
         if self.running_baseline is not None:
             state["running_baseline"] = self.running_baseline.state_dict()
@@ -869,50 +713,20 @@ class OnlineRL:
         state = load_training_state(path)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.sampler.load_state_dict(state["sampler"])
         self.kl_controller.value = float(state["kl_coef"])
         if self.running_baseline is not None:
             self.running_baseline.load_state_dict(state["running_baseline"])
-        for name in self.rewards.load_state_dict(state.get("rewards", {})):
+        for name in self.source.load_state_dict(state):
             self.echo(
-                f"[resume] {path} holds no state for reward {name!r} (saved by an older posttrain): its "
+                f"[resume] {path} holds no state for {name} (saved by an older posttrain): its "
                 "running statistics start again, so rewards after the resume differ from a straight run"
             )
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
             self.critic_optimizer.load_state_dict(state["critic_optimizer"])
-        self.engine.update_weights(int(state["step"]))
+        self.source.sync_weights(int(state["step"]))
         self.echo(f"[resume] step {state['step']} restored from {path}")
         return int(state["step"])
-
-
-def _groups_with_signal(batch: RolloutBatch) -> Tensor:
-    """``[B]`` keep mask of DAPO's dynamic sampling, judged on the scored samples only: a
-    missing score read as 0 would make [1, 1, None, 1] look like a group with signal. Unscored
-    samples of a kept group stay (``prepare`` drops and counts them)."""
-    scored = ~batch.scores.isnan()
-    keep = dapo_group_filter(batch.scores[scored], batch.group_ids[scored])
-    return torch.isin(batch.group_ids, batch.group_ids[scored][keep])
-
-
-def _zero_variance_shares(std: Tensor, size: Tensor, scores: Tensor, group_ids: Tensor) -> tuple[float, float]:
-    """(share of groups of more than one sample whose rewards are all equal, share of those
-    equal groups sitting at the batch's highest reward — prompts the policy has learned).
-
-    A batch whose every score is the same shows no such thing: a reward that went flat (or a
-    constant one past ``preflight=false``) would otherwise read as every prompt learned and
-    silence the warnings about it, so no group counts as learned then."""
-    _, first = torch.unique(group_ids, return_inverse=True)
-    best = float(scores.max())
-    spread = float(scores.min()) < best
-    equal: dict[int, bool] = {}
-    solved: dict[int, bool] = {}
-    for index, group in enumerate(first.tolist()):
-        if group not in equal and int(size[index]) > 1:
-            equal[group] = bool(std[index] == 0)
-            solved[group] = equal[group] and spread and float(scores[index]) == best
-    zero = sum(equal.values())
-    return zero / max(len(equal), 1), sum(solved.values()) / max(zero, 1)
 
 
 def run_rl(

@@ -102,32 +102,38 @@ def test_runs_killed_at_random_instants_resume_to_the_straight_run_bitwise(tmp_p
     assert [row["train/active_fraction"] for row in expected_metrics if row["step"] in DEAD] == [0.0] * len(DEAD)
 
     # The instants are drawn from the run's own progress, not from the wall clock, so that a
-    # slow or loaded machine moves them with the run: a few during start-up, the rest a random
-    # fraction of a step after a random step the run has not reached yet (the last one: while
-    # it saves its final model and report).
+    # slow or loaded machine moves them with the run: every fifth kill during start-up, the
+    # others a random fraction of a step after a random step the run has not reached yet (the
+    # last step: while it saves its final model and report). A run killed after its last step
+    # is killed once more, during its start-up or final save, and then left to finish.
     rng, phases = random.Random(23), []
-    kills, chains, chain = 0, 0, None
+    kills, chains, chain, final_killed = 0, 0, None, False
     while kills < KILLS:
         if chain is None:  # a new run; killed, it continues in the same folder
             chains += 1
-            chain, resume = tmp_path / f"killed-{chains}", False
+            chain, resume, final_killed = tmp_path / f"killed-{chains}", False, False
         done = logged_step(chain)
-        if done == STEPS:  # every step logged: start-up and the final save are left
-            target, delay = 0, rng.uniform(0.2, 1.5) * (first_step + closing)
-        elif rng.random() < 0.2:
-            target, delay = 0, rng.uniform(0.2, 1.0) * first_step
-        else:
-            target, delay = rng.randint(done + 1, STEPS), rng.uniform(0.0, 1.5) * step_time
         process = launch(overrides(data, chain, STEPS, LORA_GRPO), resume=resume)
-        if kill_when(process, chain, target, delay):
-            kills += 1
-            resume = True
-            reached = logged_step(chain)
-            phases.append(f"after step {reached}" if reached > done else "starting")
-            continue
+        if done == STEPS and final_killed:
+            finish(process)
+        else:
+            if done == STEPS:
+                target, delay, final_killed = 0, rng.uniform(0.2, 1.0) * (first_step + closing), True
+            elif kills % 5 == 4:
+                target, delay = 0, rng.uniform(0.2, 1.0) * first_step
+            else:
+                target, delay = rng.randint(done + 1, STEPS), rng.uniform(0.0, 1.5) * step_time
+            if kill_when(process, chain, target, delay):
+                kills += 1
+                resume = True
+                reached = logged_step(chain)
+                phases.append(f"after step {reached}" if reached > done else "starting")
+                # a kill timed from a step the run had not reached lands after that step
+                assert target == 0 or reached >= target, (target, reached)
+                continue
         assert process.returncode == 0, process.stderr.read()
         assert metrics(chain) == expected_metrics, f"{chain}, after {kills} kills"
-        chain = None  # finished before its kill: compared below with the others
+        chain = None  # finished: compared below with the others
     if chain is not None:
         finish(launch(overrides(data, chain, STEPS, LORA_GRPO), resume=True))
     print("phases at the kills:", phases)

@@ -178,7 +178,7 @@ def test_resumed_run_repeats_the_straight_run_exactly(tmp_path):
 
 def test_dynamic_sampling_trains_only_on_groups_with_signal(tmp_path):
     run = make_run(tmp_path, ["algorithm=dapo", "algorithm.overlong.enabled=false", "steps=1"], rewards=(has_dot,))
-    batch, metrics = run.collect(1)
+    batch, metrics = run.source.next_batch(1)
     stats = {}
     for group, score in zip(batch.group_ids.tolist(), batch.scores.tolist(), strict=True):
         stats.setdefault(group, set()).add(score)
@@ -416,7 +416,7 @@ def none_in_an_otherwise_constant_first_group(prompts, completions, completion_i
 def test_dynamic_sampling_does_not_read_a_missing_score_as_0(tmp_path):
     overrides = ["algorithm=dapo", "algorithm.overlong.enabled=false", "steps=1"]
     run = make_run(tmp_path, overrides, rewards=(none_in_an_otherwise_constant_first_group,))
-    batch, _ = run.collect(1)
+    batch, _ = run.source.next_batch(1)
     stats = {}
     for group, score in zip(batch.group_ids.tolist(), batch.scores.tolist(), strict=True):
         if not math.isnan(score):

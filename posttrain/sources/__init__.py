@@ -1,0 +1,45 @@
+"""Rollout sources: where the RL loop's batches come from (docs/design.md, "Next: rollout
+sources, environments, async, scale-out").
+
+The loop asks its source for one scored :class:`~posttrain.train.rl_batch.RolloutBatch` per
+step and never calls an engine or a reward itself; what happens before the batch exists —
+sampling, scoring, DAPO's dynamic sampling and overlong shaping, ReMax's greedy baseline — is
+the source's business. A new way of producing batches (a multi-turn environment, a replay of
+recorded batches, an asynchronous producer, Ray workers) is one new module here implementing
+:class:`RolloutSource`; the loop, the algorithms and the checkpoints stay as they are.
+
+* ``single_turn.py`` — one completion per sample from the run's engine, scored by its rewards.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from posttrain.train.rl_batch import RolloutBatch
+
+
+@runtime_checkable
+class RolloutSource(Protocol):
+    """What the RL loop needs from a producer of scored batches.
+
+    ``next_batch(step)`` returns the batch of ``step`` (1-based) with ``scores`` and
+    ``reward_components`` set (and ``baseline_scores`` where the algorithm compares with a
+    baseline the source produces), plus the step's rollout metrics (``time/generate_s``,
+    ``reward/*``, ``response/*``). ``sync_weights(version)`` is called after every update: the
+    policy's weights changed and are now version ``version``. ``state_dict()`` holds everything
+    a resumed run needs to draw exactly the batches a straight run draws (data order, reward
+    normalisers); ``load_state_dict`` restores it and returns the names of parts it found no
+    state for. ``start()``/``close()`` bracket the run (workers, engines)."""
+
+    def next_batch(self, step: int) -> tuple[RolloutBatch, dict[str, float]]: ...
+
+    def sync_weights(self, version: int) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> list[str]: ...
+
+    def start(self) -> None: ...
+
+    def close(self) -> None: ...
