@@ -8,7 +8,9 @@ the source's business. A new way of producing batches (a multi-turn environment,
 recorded batches, an asynchronous producer, Ray workers) is one new module here implementing
 :class:`RolloutSource`; the loop, the algorithms and the checkpoints stay as they are.
 
-* ``single_turn.py`` — one completion per sample from the run's engine, scored by its rewards.
+* ``single_turn.py`` — one completion per sample from the run's engine, scored by its rewards;
+* ``recorded.py`` — ``record_rollouts`` (a wrapper writing every batch it hands out) and
+  ``rollout.replay`` (the recorded batches fed back: generation and update debugged apart).
 """
 
 from __future__ import annotations

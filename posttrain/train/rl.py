@@ -55,6 +55,7 @@ from posttrain.models.logprobs import response_logprobs, shared_prompt_logprobs
 from posttrain.rewards import NamedReward, RewardFunctionError, RewardSet, resolve_reward
 from posttrain.rollout.engine import build_engine
 from posttrain.sources import RolloutSource
+from posttrain.sources.recorded import RecordingSource, ReplaySource, check_replay_folder
 from posttrain.sources.single_turn import SingleTurnSource
 from posttrain.telemetry import MetricsLogger, Progress, write_failure_report, write_report
 from posttrain.telemetry.metrics import check_report_to
@@ -108,6 +109,8 @@ class OnlineRL:
         check_report_to(config.report_to)
         if model is None:
             check_model_source(config.model)
+        if config.rollout.replay is not None:
+            check_replay_folder(config.rollout.replay, config.steps)
         if config.threads:
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
@@ -142,9 +145,7 @@ class OnlineRL:
         self.reference = self._build_reference() if self.algo.kl.needs_reference else None
         self.critic = self._build_critic() if self.algo.critic is not None else None
         self.engine = build_engine(self.policy, tokenizer, kind=config.engine_kind, vllm_options=config.rollout.vllm)
-        self.source: RolloutSource = SingleTurnSource(
-            config, self.engine, tokenizer, train_rows, self.rewards, context_limit(self.policy), echo
-        )
+        self.source = self._build_source(train_rows)
 
         # optimisation state
         params = [p for p in self.policy.parameters() if p.requires_grad]
@@ -174,6 +175,18 @@ class OnlineRL:
         self.warnings = StepWarnings(echo, max_new_tokens=config.max_new_tokens)
 
     # ------------------------------------------------------------------ construction
+    def _build_source(self, rows: Sequence[dict[str, Any]]) -> RolloutSource:
+        """Where the batches come from: the engine and rewards (single turn), or a recording."""
+        config = self.config
+        if config.rollout.replay is not None:
+            source: RolloutSource = ReplaySource(config.rollout.replay)
+        else:
+            limit = context_limit(self.policy)
+            source = SingleTurnSource(config, self.engine, self.tokenizer, rows, self.rewards, limit, self.echo)
+        if config.record_rollouts:
+            source = RecordingSource(source, self.out / "rollouts")
+        return source
+
     def _resolve_rewards(
         self, functions: Sequence[Callable[..., Any] | NamedReward] | None, task_reward: str | None
     ) -> list[NamedReward]:

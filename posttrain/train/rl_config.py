@@ -181,6 +181,10 @@ class RolloutSection(Section):
     """Truncated importance sampling: multiply each token's policy loss by min(π_old/π_rollout,
     C) with C ≥ 1 this cap (e.g. 2), correcting for the engine's log-probs differing from the
     trainer's (Yao et al. 2025); null: off. Only for policy losses ppo_clip and pg."""
+    replay: str | None = None
+    """A run's rollouts/ folder (written with record_rollouts: true): train on its recorded
+    batches, step by step, instead of sampling and scoring; with the recorded run's config the
+    losses repeat exactly. null: sample as usual."""
 
 
 class RLRun(Section):
@@ -262,6 +266,9 @@ class RLRun(Section):
     """Held-out prompts generated at once (lower it to bound the KV cache of a large model)."""
     log_samples: int = Field(4, ge=0)
     """Completions written to samples.jsonl per step."""
+    record_rollouts: bool = False
+    """Write every step's scored batch under output_dir/rollouts/ (tensors in safetensors, text in
+    JSON, with a schema version), to replay it later with rollout.replay."""
     seed: int = Field(0, ge=0)
     """Seeds prompt order, sampling and models built here; the same seed repeats a run."""
     threads: int | None = Field(None, ge=1)

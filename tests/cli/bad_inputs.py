@@ -174,6 +174,10 @@ COMMAND_CONFIGS = {
         ("allow_constant_reward=[no_such_reward]", ["allow_constant_reward", "no_such_reward"]),
         ("log_samples=-1", ["log_samples"]),
         ("shared_prompt_forward=maybe", ["shared_prompt_forward"]),
+        ("record_rollouts=maybe", ["record_rollouts"]),
+        ("rollout.replay={tmp}/missing", ["rollout.replay", "missing", "record_rollouts"]),
+        ("rollout.replay={tmp}/broken.yaml", ["rollout.replay", "not a folder"]),
+        ("rollout.replay={tmp}", ["rollout.replay", "no recorded step"]),
     ],
 }
 

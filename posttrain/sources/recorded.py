@@ -1,0 +1,180 @@
+"""Recorded batches: ``record_rollouts: true`` writes every step's scored batch under the run's
+``rollouts/``; ``rollout.replay: <that folder>`` feeds them back through the unchanged update.
+
+Generation and the update can then be debugged apart: a replayed run trains on exactly the
+batches the recorded one sampled, so (from the same starting weights and config) its losses
+and gradient norms repeat those of the recording to the bit, with no engine and no reward
+function called. Each step is two files, written whole or not at all (a killed run leaves no
+half file; its resume writes the steps again):
+
+* ``step-000001.safetensors`` — the batch's tensors (token ids, masks, engine log-probs,
+  group ids, scores, reward components, the greedy baseline where there is one);
+* ``step-000001.json`` — the schema version, the step, the prompts, completions and dataset
+  columns, and the source's metrics of that step.
+
+A folder recorded under another schema version is refused with both versions named."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from posttrain.errors import PosttrainError
+from posttrain.sources import RolloutSource
+from posttrain.train.rl_batch import RolloutBatch
+
+SCHEMA_VERSION = 1
+TEXT_FIELDS = ("prompts", "completions", "columns")
+
+
+class RecordingError(PosttrainError, ValueError):
+    """A recorded-rollouts folder that cannot be replayed; the message says which file and why."""
+
+
+def _stem(folder: Path, step: int) -> Path:
+    return folder / f"step-{step:06d}"
+
+
+def write_batch(folder: Path, step: int, batch: RolloutBatch, metrics: dict[str, float]) -> None:
+    """Write ``batch`` (as a source hands it out: scored, not yet prepared) for ``step``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = _stem(folder, step)
+    tensors = {
+        item.name: value.detach().cpu().contiguous()
+        for item in dataclasses.fields(batch)
+        if isinstance(value := getattr(batch, item.name), Tensor)
+    }
+    text = {
+        "schema_version": SCHEMA_VERSION,
+        "step": step,
+        **{name: getattr(batch, name) for name in TEXT_FIELDS},
+        "metrics": metrics,
+    }
+    # the tensors first, each file through a temporary name: the JSON's presence marks a whole step
+    for path, write in (
+        (stem.with_suffix(".safetensors"), lambda tmp: save_file(tensors, str(tmp))),
+        (stem.with_suffix(".json"), lambda tmp: tmp.write_text(json.dumps(text, default=str), encoding="utf-8")),
+    ):
+        tmp = path.with_name(path.name + ".tmp")
+        write(tmp)
+        os.replace(tmp, path)
+
+
+def read_batch(folder: Path, step: int) -> tuple[RolloutBatch, dict[str, float]]:
+    """The batch and metrics recorded for ``step``; a missing step or another schema is refused."""
+    stem = _stem(folder, step)
+    text_path, tensor_path = stem.with_suffix(".json"), stem.with_suffix(".safetensors")
+    if not text_path.is_file() or not tensor_path.is_file():
+        recorded = recorded_steps(folder)
+        held = f"steps {recorded[0]}–{recorded[-1]}" if recorded else "no step"
+        raise RecordingError(
+            f"{folder} holds no recorded batch for step {step} ({held}); replay at most as many steps as were "
+            "recorded (set steps), or record a longer run with record_rollouts: true"
+        )
+    try:
+        text = json.loads(text_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise RecordingError(f"{text_path} is not a readable recording ({error})") from None
+    version = text.get("schema_version") if isinstance(text, dict) else None
+    if version != SCHEMA_VERSION:
+        raise RecordingError(
+            f"{text_path} was recorded with schema version {version!r}; this posttrain reads version "
+            f"{SCHEMA_VERSION}: record the run again with this version"
+        )
+    try:
+        tensors = load_file(str(tensor_path))
+    except Exception as error:  # safetensors raises its own error types for a damaged file
+        raise RecordingError(f"{tensor_path} is not a readable recording ({error})") from None
+    names = {item.name for item in dataclasses.fields(RolloutBatch)}
+    unknown = sorted(set(tensors) - names)
+    if unknown:
+        raise RecordingError(f"{tensor_path} holds tensors this posttrain has no field for: {unknown}")
+    batch = RolloutBatch(**tensors, **{name: text[name] for name in TEXT_FIELDS})
+    return batch, dict(text.get("metrics", {}))
+
+
+def recorded_steps(folder: Path) -> list[int]:
+    """The steps with a complete recording in ``folder``, ascending."""
+    steps = []
+    for path in folder.glob("step-*.json"):
+        if path.with_suffix(".safetensors").is_file() and path.stem[5:].isdigit():
+            steps.append(int(path.stem[5:]))
+    return sorted(steps)
+
+
+def check_replay_folder(folder: str | Path, steps: int) -> Path:
+    """Refuse, before any model loads, a replay folder that is missing or too short for ``steps``."""
+    path = Path(folder)
+    if not path.is_dir():
+        raise RecordingError(
+            f"rollout.replay = {str(folder)!r} is not a folder; point it at the rollouts/ folder of a run "
+            "recorded with record_rollouts: true"
+        )
+    recorded = recorded_steps(path)
+    missing = sorted(set(range(1, steps + 1)) - set(recorded))
+    if missing:
+        held = f"steps {recorded[0]}–{recorded[-1]}" if recorded else "no recorded step"
+        raise RecordingError(
+            f"rollout.replay = {str(folder)!r} holds {held}, not step {missing[0]} of the {steps} asked for: "
+            "lower steps or record a longer run"
+        )
+    read_batch(path, 1)  # the schema version, before anything loads
+    return path
+
+
+class RecordingSource:
+    """Wraps a source and writes every batch it hands out to ``folder`` (``record_rollouts``)."""
+
+    def __init__(self, inner: RolloutSource, folder: Path) -> None:
+        self.inner, self.folder = inner, Path(folder)
+
+    def next_batch(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
+        batch, metrics = self.inner.next_batch(step)
+        write_batch(self.folder, step, batch, metrics)
+        return batch, metrics
+
+    def sync_weights(self, version: int) -> None:
+        self.inner.sync_weights(version)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> list[str]:
+        return self.inner.load_state_dict(state)
+
+    def start(self) -> None:
+        self.inner.start()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class ReplaySource:
+    """The batches of a recorded run, step by step (``rollout.replay``): no engine, no reward."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+
+    def next_batch(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
+        return read_batch(self.folder, step)
+
+    def sync_weights(self, version: int) -> None:
+        pass  # the batches were sampled already
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # the step number says where to continue
+
+    def load_state_dict(self, state: dict[str, Any]) -> list[str]:
+        return []
+
+    def start(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
