@@ -1,5 +1,6 @@
-"""Rollout sources: where the RL loop's batches come from (docs/design.md, "Next: rollout
-sources, environments, async, scale-out").
+"""Rollout sources: where the RL loop's batches come from.
+
+The contract is docs/design.md, "Next: rollout sources, environments, async, scale-out".
 
 The loop asks its source for one scored :class:`~posttrain.train.rl_batch.RolloutBatch` per
 step and never calls an engine or a reward itself; what happens before the batch exists —
