@@ -38,7 +38,7 @@ def _require(name: str, **tensors: Tensor | None) -> None:
         raise ValueError(f"advantage estimator {name!r} needs {', '.join(missing)}, which was not given")
 
 
-@register_advantage("grpo")
+@register_advantage("grpo", groups=True)
 def grpo(
     token_rewards: Tensor,
     response_mask: Tensor,
@@ -71,7 +71,7 @@ def grpo(
     return adv, adv
 
 
-@register_advantage("dr_grpo")
+@register_advantage("dr_grpo", groups=True)
 def dr_grpo(
     token_rewards: Tensor,
     response_mask: Tensor,
@@ -93,7 +93,7 @@ def dr_grpo(
     return adv, adv
 
 
-@register_advantage("rloo")
+@register_advantage("rloo", groups=True)
 def rloo(
     token_rewards: Tensor,
     response_mask: Tensor,
@@ -119,7 +119,7 @@ def rloo(
     return adv, adv
 
 
-@register_advantage("reinforce_pp_baseline")
+@register_advantage("reinforce_pp_baseline", groups=True)
 def reinforce_pp_baseline(
     token_rewards: Tensor,
     response_mask: Tensor,
@@ -148,7 +148,7 @@ def reinforce_pp_baseline(
 GPG_ALPHA_MODES = ("nonzero_scores", "valid_samples")
 
 
-@register_advantage("gpg")
+@register_advantage("gpg", groups=True)
 def gpg(
     token_rewards: Tensor,
     response_mask: Tensor,
@@ -181,7 +181,7 @@ def gpg(
     return adv, adv
 
 
-@register_advantage("gdpo")
+@register_advantage("gdpo", groups=True, reward_weights=True)
 def gdpo(
     token_rewards: Tensor,
     response_mask: Tensor,

@@ -12,6 +12,7 @@ import difflib
 import functools
 import inspect
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from posttrain.algos.masked import aggregate_loss
@@ -28,6 +29,26 @@ class UnknownNameError(PosttrainError, KeyError):
         return str(self.args[0])
 
 
+@dataclass(frozen=True)
+class EstimatorNeeds:
+    """What an advantage estimator needs from a run, declared where it is registered
+    (``@register_advantage("grpo", groups=True)``). The loop and the config checks read these
+    instead of naming estimators, so a new estimator is one registered function."""
+
+    groups: bool = False
+    """It compares the samples of one prompt (``group_ids``): samples_per_prompt must be ≥ 2,
+    and DAPO's dynamic sampling (which drops groups without spread) applies to it."""
+    values: bool = False
+    """It reads a critic's values: the run needs algorithm.critic."""
+    baselines: tuple[str, ...] = ()
+    """The ``algorithm.baseline`` kinds it reads (as ``baseline_scores``)."""
+    baseline_required: bool = False
+    """It has no meaning without one of ``baselines`` (ReMax without its greedy decode)."""
+    reward_weights: bool = False
+    """It weighs the reward components itself: the loop hands it the reward functions'
+    weights as ``component_weights`` (unless the options set them)."""
+
+
 class Registry(dict[str, Callable[..., Any]]):
     """A dict of named functions that refuses duplicates and explains unknown names.
 
@@ -41,8 +62,10 @@ class Registry(dict[str, Callable[..., Any]]):
         super().__init__()
         self.kind = kind
         self.standard_inputs = frozenset(standard_inputs)
+        self.needs: dict[str, Any] = {}
+        """Per entry, what it declared it needs from a run (``EstimatorNeeds`` for estimators)."""
 
-    def register(self, name: str) -> Callable[[F], F]:
+    def register(self, name: str, needs: Any = None) -> Callable[[F], F]:
         def decorator(fn: F) -> F:
             if name in self:
                 raise ValueError(
@@ -50,9 +73,20 @@ class Registry(dict[str, Callable[..., Any]]):
                     f"{self[name].__qualname__}); pick another name"
                 )
             dict.__setitem__(self, name, _drop_unused_inputs(fn, self.standard_inputs))
+            self.needs[name] = needs
             return fn
 
         return decorator
+
+    def declares(self, name: str, parameter: str) -> bool:
+        """Whether entry `name` takes `parameter` (a standard input or an option): a policy loss
+        that takes ``weights`` can apply truncated importance weights, one that takes
+        ``proximal_logprobs`` needs the asynchronous loop's proximal policy."""
+        return parameter in inspect.signature(self[name]).parameters
+
+    def names_where(self, predicate: Callable[[Any], bool]) -> list[str]:
+        """The registered names whose declared needs satisfy `predicate`, sorted."""
+        return sorted(name for name in self if predicate(self.needs.get(name)))
 
     def __getitem__(self, name: str) -> Callable[..., Any]:
         try:
@@ -117,7 +151,22 @@ POLICY_LOSSES = Registry(
 PREFERENCE_LOSSES = Registry("preference loss type")
 """DPO-family losses on the reference-corrected log-ratio margin (see ``preference.py``)."""
 
-register_advantage = ADVANTAGE_ESTIMATORS.register
+
+def register_advantage(
+    name: str,
+    *,
+    groups: bool = False,
+    values: bool = False,
+    baselines: tuple[str, ...] = (),
+    baseline_required: bool = False,
+    reward_weights: bool = False,
+) -> Callable[[F], F]:
+    """Register an advantage estimator under `name`, with what it needs from a run
+    (:class:`EstimatorNeeds`)."""
+    needs = EstimatorNeeds(groups, values, baselines, baseline_required, reward_weights)
+    return ADVANTAGE_ESTIMATORS.register(name, needs)
+
+
 register_preference_loss = PREFERENCE_LOSSES.register
 
 

@@ -38,7 +38,7 @@ def discounted_returns(token_rewards: Tensor, response_mask: Tensor, gamma: floa
     return returns
 
 
-@register_advantage("gae")
+@register_advantage("gae", values=True)
 def gae(
     token_rewards: Tensor,
     response_mask: Tensor,
@@ -79,7 +79,7 @@ def gae(
     return advantages, returns
 
 
-@register_advantage("reinforce")
+@register_advantage("reinforce", baselines=("greedy", "running_mean"))
 def reinforce(
     token_rewards: Tensor,
     response_mask: Tensor,
@@ -143,7 +143,7 @@ def reinforce_pp(
     return masked_whiten(returns, response_mask, unbiased=unbiased), returns
 
 
-@register_advantage("remax")
+@register_advantage("remax", baselines=("greedy",), baseline_required=True)
 def remax(
     token_rewards: Tensor,
     response_mask: Tensor,

@@ -47,6 +47,7 @@ from posttrain.algos import (
     value_loss,
 )
 from posttrain.algos.mismatch import rollout_mismatch, truncated_is_weights
+from posttrain.algos.registry import EstimatorNeeds
 from posttrain.config import ConfigError, dump_config
 from posttrain.data import DataError
 from posttrain.data.lengths import context_limit
@@ -75,7 +76,7 @@ from posttrain.train.recipes import (
 )
 from posttrain.train.rl_batch import RolloutBatch
 from posttrain.train.rl_checks import StepWarnings, preflight_rewards
-from posttrain.train.rl_config import GROUP_ESTIMATORS, RLRun
+from posttrain.train.rl_config import RLRun
 from posttrain.train.run_dir import prepare_run_dir, start_point
 from posttrain.train.schedule import lr_multiplier
 
@@ -276,7 +277,7 @@ class OnlineRL:
                     logger.log_samples(step, samples)
                 history.append({"step": step, **metrics})
                 progress.update(step, metrics)
-                self.warnings.check(step, metrics, group_estimator=self.algo.advantage in GROUP_ESTIMATORS)
+                self.warnings.check(step, metrics, group_estimator=self.estimator_needs.groups)
                 if (config.save_every and step % config.save_every == 0) or step == config.steps:
                     self.save(step, config_yaml)
             if self.held_out:
@@ -393,7 +394,7 @@ class OnlineRL:
             batch.token_rewards = place_scores_at_last_token(batch.scores, batch.response_mask)
         batch.baseline_scores = baseline
         options = dict(algo.advantage_options)
-        if algo.advantage == "gdpo" and "component_weights" not in options:
+        if self.estimator_needs.reward_weights and "component_weights" not in options:
             options["component_weights"] = self.rewards_weights
         # components stay NaN where a reward does not apply to a prompt: GDPO leaves them out
         components = batch.reward_components
@@ -424,6 +425,11 @@ class OnlineRL:
                 }
             )
         return batch
+
+    @property
+    def estimator_needs(self) -> EstimatorNeeds:
+        """What the run's advantage estimator declared it needs (algos/registry.py)."""
+        return ADVANTAGE_ESTIMATORS.needs[self.algo.advantage]
 
     @property
     def rewards_weights(self) -> list[float]:

@@ -315,42 +315,45 @@ class RLRun(Section):
         return self.engine if self.engine is not None else self.rollout.engine
 
 
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "gpg", "gdpo")
-
-
 def combination_problems(config: RLRun) -> list[str]:
     """Every impossible combination of fields, each naming the fields involved."""
     from posttrain.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+    from posttrain.algos.registry import EstimatorNeeds
 
     algo, problems = config.algorithm, []
-    if algo.advantage not in ADVANTAGE_ESTIMATORS:
+    known = algo.advantage in ADVANTAGE_ESTIMATORS
+    if not known:
         problems.append(_unknown("algorithm.advantage", algo.advantage, sorted(ADVANTAGE_ESTIMATORS)))
-    if algo.policy_loss not in POLICY_LOSSES or algo.policy_loss == "decoupled_ppo":
-        valid = [n for n in sorted(POLICY_LOSSES) if n != "decoupled_ppo"]
+    # what the estimator declared at registration (algos/registry.py EstimatorNeeds); the checks
+    # below read it instead of naming estimators
+    needs = ADVANTAGE_ESTIMATORS.needs[algo.advantage] if known else EstimatorNeeds()
+    # a loss on a proximal policy needs a loop that keeps one (the asynchronous one)
+    synchronous = [n for n in sorted(POLICY_LOSSES) if not POLICY_LOSSES.declares(n, "proximal_logprobs")]
+    if algo.policy_loss not in synchronous:
+        hint = f" ({algo.policy_loss} needs the asynchronous loop)" if algo.policy_loss in POLICY_LOSSES else ""
+        problems.append(_unknown("algorithm.policy_loss", algo.policy_loss, synchronous) + hint)
+    if needs.values and algo.critic is None:
         problems.append(
-            _unknown("algorithm.policy_loss", algo.policy_loss, valid)
-            + (" (decoupled_ppo needs the asynchronous loop)" if algo.policy_loss == "decoupled_ppo" else "")
+            f"algorithm.advantage = {algo.advantage!r} needs a value model: set algorithm.critic (e.g. {{}})"
         )
-    if algo.advantage == "gae" and algo.critic is None:
-        problems.append("algorithm.advantage = 'gae' needs a value model: set algorithm.critic (e.g. {})")
     if algo.critic is not None and algo.critic.loss_coef != 1.0:
         problems.append(
             f"algorithm.critic.loss_coef = {algo.critic.loss_coef:g} would change nothing: the critic has its own "
             "AdamW, which cancels a constant scale of the value loss; set algorithm.critic.learning_rate instead"
         )
-    if algo.critic is not None and algo.advantage != "gae":
+    if algo.critic is not None and known and not needs.values:
         problems.append(f"algorithm.critic is set but algorithm.advantage = {algo.advantage!r} does not use values")
-    if algo.advantage in GROUP_ESTIMATORS and config.samples_per_prompt < 2:
+    if needs.groups and config.samples_per_prompt < 2:
         problems.append(
             f"algorithm.advantage = {algo.advantage!r} compares the samples of a prompt: "
             f"samples_per_prompt must be >= 2 (is {config.samples_per_prompt})"
         )
-    if algo.advantage == "remax" and algo.baseline != "greedy":
-        problems.append("algorithm.advantage = 'remax' needs algorithm.baseline = 'greedy'")
-    if algo.baseline == "greedy" and algo.advantage not in ("remax", "reinforce"):
-        problems.append(f"algorithm.baseline = 'greedy' is read only by remax/reinforce, not {algo.advantage!r}")
-    if algo.baseline == "running_mean" and algo.advantage != "reinforce":
-        problems.append(f"algorithm.baseline = 'running_mean' is read only by reinforce, not {algo.advantage!r}")
+    if needs.baseline_required and algo.baseline not in needs.baselines:
+        wanted = " or ".join(repr(b) for b in needs.baselines)
+        problems.append(f"algorithm.advantage = {algo.advantage!r} needs algorithm.baseline = {wanted}")
+    if algo.baseline != "none" and known and algo.baseline not in needs.baselines:
+        readers = "/".join(ADVANTAGE_ESTIMATORS.names_where(lambda n: n is not None and algo.baseline in n.baselines))
+        problems.append(f"algorithm.baseline = {algo.baseline!r} is read only by {readers}, not {algo.advantage!r}")
     kl = algo.kl
     if kl.placement == "none" and kl.coef > 0:
         problems.append(f"algorithm.kl.coef = {kl.coef} but algorithm.kl.placement = 'none': choose reward or loss")
@@ -368,11 +371,9 @@ def combination_problems(config: RLRun) -> list[str]:
         )
     if kl.level == "sequence" and kl.placement != "reward":
         problems.append("algorithm.kl.level = 'sequence' needs algorithm.kl.placement = 'reward'")
-    if algo.dynamic_sampling.enabled and algo.advantage not in GROUP_ESTIMATORS:
-        problems.append(
-            f"algorithm.dynamic_sampling needs a group estimator ({', '.join(GROUP_ESTIMATORS)}), "
-            f"not {algo.advantage!r}"
-        )
+    if algo.dynamic_sampling.enabled and known and not needs.groups:
+        groups = ", ".join(ADVANTAGE_ESTIMATORS.names_where(lambda n: n is not None and n.groups))
+        problems.append(f"algorithm.dynamic_sampling needs a group estimator ({groups}), not {algo.advantage!r}")
     if algo.overlong.enabled and algo.overlong.cache_length > config.max_new_tokens:
         problems.append(
             f"algorithm.overlong.cache_length ({algo.overlong.cache_length}) exceeds max_new_tokens "
@@ -391,10 +392,11 @@ def combination_problems(config: RLRun) -> list[str]:
         )
     if config.engine is not None and config.engine != config.rollout.engine != "auto":
         problems.append(f"engine = {config.engine!r} and rollout.engine = {config.rollout.engine!r} disagree: set one")
-    if config.rollout.tis_cap is not None and algo.policy_loss not in ("ppo_clip", "pg"):
+    weighted = [n for n in synchronous if POLICY_LOSSES.declares(n, "weights")]
+    if config.rollout.tis_cap is not None and algo.policy_loss in POLICY_LOSSES and algo.policy_loss not in weighted:
         problems.append(
             f"rollout.tis_cap weights each token's loss, which algorithm.policy_loss = {algo.policy_loss!r} "
-            "does not take: use ppo_clip or pg, or set rollout.tis_cap to null"
+            f"does not take: use {' or '.join(weighted)}, or set rollout.tis_cap to null"
         )
     for key, registry, name, options in (
         ("algorithm.advantage_options", ADVANTAGE_ESTIMATORS, algo.advantage, algo.advantage_options),

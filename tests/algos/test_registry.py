@@ -139,3 +139,46 @@ def test_losses_aggregate_with_their_papers_mode_by_default():
     assert per_token.tolist() == [[1.0, 2.0, 3.0], [1.0, 0.0, 0.0]]
     loss, _ = POLICY_LOSSES["pg"](logprobs, logprobs, advantages, mask, agg_mode="seq-mean-token-sum")
     assert loss.item() == (6.0 + 1.0) / 2
+
+
+def test_estimators_declare_what_they_need_from_a_run():
+    needs = ADVANTAGE_ESTIMATORS.needs
+    groups = {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "gpg", "gdpo"}
+    assert {name for name in REQUIRED_ESTIMATORS if needs[name].groups} == groups
+    assert [name for name in REQUIRED_ESTIMATORS if needs[name].values] == ["gae"]
+    assert needs["remax"].baselines == ("greedy",) and needs["remax"].baseline_required
+    assert set(needs["reinforce"].baselines) == {"greedy", "running_mean"} and not needs["reinforce"].baseline_required
+    assert [name for name in REQUIRED_ESTIMATORS if needs[name].reward_weights] == ["gdpo"]
+    assert POLICY_LOSSES.declares("decoupled_ppo", "proximal_logprobs")
+    assert {n for n in REQUIRED_LOSSES if POLICY_LOSSES.declares(n, "weights")} == {"ppo_clip", "pg"}
+
+
+@pytest.fixture
+def registered_estimator():
+    """A third-party estimator registered for one test (a group baseline that needs a critic)."""
+    from posttrain.algos import register_advantage
+
+    @register_advantage("test_group_critic", groups=True, values=True)
+    def test_group_critic(token_rewards, response_mask, group_ids=None, values=None):
+        return token_rewards - values, token_rewards
+
+    yield "test_group_critic"
+    dict.pop(ADVANTAGE_ESTIMATORS, "test_group_critic")
+    ADVANTAGE_ESTIMATORS.needs.pop("test_group_critic")
+
+
+def test_the_config_checks_read_a_new_estimators_declaration(registered_estimator):
+    # no name of it anywhere in the loop or the checks: its declaration alone decides
+    from posttrain.config import ConfigError
+    from posttrain.train.rl_config import load_rl_config
+
+    base = ["model.tiny.layers=1", "data.task=reverse", f"algorithm.advantage={registered_estimator}"]
+    with pytest.raises(ConfigError) as error:
+        load_rl_config(None, [*base, "samples_per_prompt=1", "prompts_per_step=8"])
+    assert f"'{registered_estimator}' needs a value model" in str(error.value)
+    assert "samples_per_prompt must be >= 2" in str(error.value)
+    config = load_rl_config(None, [*base, "algorithm.critic={}", "algorithm.dynamic_sampling.enabled=true"])
+    assert config.algorithm.dynamic_sampling.enabled
+    with pytest.raises(ConfigError, match=r"needs a group estimator .*test_group_critic"):
+        load_rl_config(None, ["model.tiny.layers=1", "data.task=reverse", "algorithm=ppo", "algorithm.advantage=gae",
+                              "algorithm.dynamic_sampling.enabled=true"])  # fmt: skip
