@@ -18,3 +18,8 @@ class PosttrainError(Exception):
 class MissingExtraError(PosttrainError, ImportError):
     """An optional package a feature needs is not installed; the message gives the install
     command (``pip install 'posttrain[vllm]'``, ...)."""
+
+
+class TrainingDiverged(PosttrainError, RuntimeError):
+    """The loss or the gradient became NaN/inf; the message says where and what to try. Raised
+    by every training loop (offline and RL), so it lives here rather than in one of them."""

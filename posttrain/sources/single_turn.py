@@ -20,11 +20,11 @@ from torch import Tensor
 from posttrain.algos import group_stats, overlong_reward_penalty
 from posttrain.algos.sampling import dapo_group_filter
 from posttrain.data.lengths import drop_overlong
+from posttrain.data.section import data_source, encode_rows
 from posttrain.models.chat import prompt_ids as encode_prompt
 from posttrain.rewards import RewardSet
 from posttrain.rewards.combine import combine, reward_applies
 from posttrain.rollout.types import SamplingParams
-from posttrain.train.recipes import data_source, encode_rows
 from posttrain.train.rl_batch import RolloutBatch, concat, from_rollouts
 from posttrain.train.rl_config import RLRun
 from posttrain.train.sampler import EpochSampler

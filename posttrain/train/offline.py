@@ -19,7 +19,7 @@ from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from posttrain.config import Beta, Section
-from posttrain.errors import PosttrainError
+from posttrain.errors import TrainingDiverged  # re-exported: raised here, caught by callers
 from posttrain.memory import return_free_memory
 from posttrain.telemetry import MetricsLogger, Progress, write_failure_report, write_report
 from posttrain.train.checkpoint import (
@@ -32,10 +32,6 @@ from posttrain.train.checkpoint import (
 from posttrain.train.run_dir import prepare_run_dir
 from posttrain.train.sampler import EpochSampler
 from posttrain.train.schedule import lr_multiplier
-
-
-class TrainingDiverged(PosttrainError, RuntimeError):
-    """The loss or the gradient became NaN/inf; the message says where and what to try."""
 
 
 class LoopConfig(Section):

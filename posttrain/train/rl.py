@@ -51,8 +51,11 @@ from posttrain.algos.registry import EstimatorNeeds
 from posttrain.config import ConfigError, dump_config
 from posttrain.data import DataError
 from posttrain.data.lengths import context_limit
+from posttrain.data.section import check_enough_rows, load_rows
+from posttrain.errors import TrainingDiverged
 from posttrain.memory import return_free_memory
 from posttrain.models.logprobs import response_logprobs, shared_prompt_logprobs
+from posttrain.models.section import build_model_and_tokenizer, check_model_source
 from posttrain.rewards import NamedReward, RewardFunctionError, RewardSet, resolve_reward
 from posttrain.rollout.engine import build_engine
 from posttrain.sources import RolloutSource
@@ -66,13 +69,6 @@ from posttrain.train.checkpoint import (
     quiet_progress_bars,
     save_checkpoint,
     save_final,
-)
-from posttrain.train.offline import TrainingDiverged
-from posttrain.train.recipes import (
-    build_model_and_tokenizer,
-    check_enough_rows,
-    check_model_source,
-    load_rows,
 )
 from posttrain.train.rl_batch import RolloutBatch
 from posttrain.train.rl_checks import StepWarnings, preflight_rewards

@@ -43,8 +43,9 @@ from posttrain.config import (
     read_yaml,
     validate_config,
 )
+from posttrain.data.section import DataSection
+from posttrain.models.section import ModelSection
 from posttrain.rollout.vllm_engine import VLLMOptions
-from posttrain.train.recipes import DataSection, ModelSection
 
 PRESET_PACKAGE = "posttrain.presets"
 
