@@ -2,6 +2,36 @@
 
 The math lives in :mod:`posttrain.algos` (pure torch functions); everything else builds the
 loop around it. Importing the package itself stays cheap: no transformers, ray or vllm here.
+
+Where things go (one new file behind a seam, never a branch inside the loop):
+
+=====================  ==================================================================
+a new ...              goes in
+=====================  ==================================================================
+advantage estimator    ``algos/`` — ``@register_advantage("name", groups=..., values=...)``;
+                       what it needs from a run is declared there, the loop reads it
+policy loss            ``algos/`` — ``@register_policy_loss("name")``; ``weights`` and
+                       ``proximal_logprobs`` parameters say it takes TIS / needs async
+algorithm preset       ``presets/name.yaml`` (one estimator × loss × KL × aggregation)
+reward function        ``rewards/`` — ``@register_reward("name")``, or any
+                       ``pkg.module:fn`` with TRL's signature, named in ``rewards:``
+task (generated data)  ``data/tasks/`` — ``@TASKS.register("name")``
+rollout source         ``sources/`` — a :class:`~posttrain.sources.RolloutSource`: multi-
+                       turn environments, replay, an async producer, Ray workers
+environment            ``sources/`` beside the multi-turn source; the class shape is
+                       the contract in docs/design.md (section "Next")
+rollout engine         ``rollout/`` — generate ``Rollouts`` from token ids; built by
+                       ``rollout/engine.py:build_engine``
+model / data option    ``models/section.py`` / ``data/section.py`` (the ``model:`` and
+                       ``data:`` config sections and what builds from them)
+launcher (torchrun)    one module under ``train/``, wrapping the loop, not inside it
+metric sink            ``telemetry/metrics.py`` (``report_to``)
+=====================  ==================================================================
+
+The RL loop is ``train/rl.py`` (wiring, batch preparation, update); its config is
+``train/rl_config.py``; the offline loop behind ``sft``/``rm``/``dpo`` is ``train/offline.py``
+with the commands' configs in ``train/recipes.py``. Formulas: docs/algorithms.md; design:
+docs/design.md.
 """
 
 __version__ = "0.1.0"
