@@ -33,30 +33,18 @@ import torch
 from torch import Tensor, nn
 
 from posttrain.algos import (
-    ADVANTAGE_ESTIMATORS,
-    POLICY_LOSSES,
     AdaptiveKLControllerHorizon,
     AdaptiveKLControllerPPO,
     FixedKLController,
     RunningMeanBaseline,
-    actor_loss,
-    kl_estimate,
-    masked_mean,
-    place_scores_at_last_token,
-    shape_token_rewards,
-    value_loss,
 )
-from posttrain.algos.mismatch import rollout_mismatch, truncated_is_weights
-from posttrain.algos.registry import EstimatorNeeds
 from posttrain.config import ConfigError, dump_config
 from posttrain.data import DataError
 from posttrain.data.lengths import context_limit
 from posttrain.data.section import check_enough_rows, load_rows
-from posttrain.errors import TrainingDiverged
 from posttrain.memory import return_free_memory
-from posttrain.models.logprobs import response_logprobs, shared_prompt_logprobs
 from posttrain.models.section import build_model_and_tokenizer, check_model_source
-from posttrain.rewards import NamedReward, RewardFunctionError, RewardSet, resolve_reward
+from posttrain.rewards import NamedReward, RewardSet, resolve_reward
 from posttrain.rollout.engine import build_engine
 from posttrain.sources import RolloutSource
 from posttrain.sources.recorded import RecordingSource, ReplaySource, check_replay_folder
@@ -73,6 +61,8 @@ from posttrain.train.checkpoint import (
 from posttrain.train.rl_batch import RolloutBatch
 from posttrain.train.rl_checks import StepWarnings, preflight_rewards
 from posttrain.train.rl_config import RLRun
+from posttrain.train.rl_prepare import BatchPreparer, minibatch_size, recompute_old_logprobs, sequence_logprobs
+from posttrain.train.rl_update import PolicyUpdate
 from posttrain.train.run_dir import prepare_run_dir, start_point
 from posttrain.train.schedule import lr_multiplier
 
@@ -171,6 +161,26 @@ class OnlineRL:
         self.step_count = 0
         self.warnings = StepWarnings(echo, max_new_tokens=config.max_new_tokens)
 
+        # the step's two stages after the source: preparation, then the update
+        self.preparer = BatchPreparer(
+            config,
+            self.policy,
+            self.reference,
+            self.critic,
+            self.kl_controller,
+            self.running_baseline,
+            self.rewards_weights,
+        )
+        self.updater = PolicyUpdate(
+            config,
+            self.policy,
+            self.critic,
+            self.optimizer,
+            self.scheduler,
+            self.critic_optimizer,
+            self.kl_controller,
+        )
+
     # ------------------------------------------------------------------ construction
     def _build_source(self, rows: Sequence[dict[str, Any]]) -> RolloutSource:
         """Where the batches come from: the engine and rewards (single turn), or a recording."""
@@ -236,13 +246,11 @@ class OnlineRL:
 
     @property
     def minibatch_size(self) -> int:
-        return self.config.minibatch_size or self.config.rollout_batch_size
+        return minibatch_size(self.config)
 
     @property
     def recompute_old_logprobs(self) -> bool:
-        """Only with more than one optimizer step per batch do π_old and π differ; on-policy
-        the ratio is exactly 1 and π_old is π detached (TRL does the same)."""
-        return self.config.ppo_epochs > 1 or self.minibatch_size < self.config.rollout_batch_size
+        return recompute_old_logprobs(self.config)
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> list[dict[str, float]]:
@@ -273,7 +281,7 @@ class OnlineRL:
                     logger.log_samples(step, samples)
                 history.append({"step": step, **metrics})
                 progress.update(step, metrics)
-                self.warnings.check(step, metrics, group_estimator=self.estimator_needs.groups)
+                self.warnings.check(step, metrics, group_estimator=self.preparer.estimator_needs.groups)
                 if (config.save_every and step % config.save_every == 0) or step == config.steps:
                     self.save(step, config_yaml)
             if self.held_out:
@@ -329,324 +337,21 @@ class OnlineRL:
         )
         return metrics, self._samples(batch)
 
-    # ------------------------------------------------------------------ advantages
-    @torch.no_grad()
+    # ------------------------------------------------------------------ the step's stages
     def prepare(self, batch: RolloutBatch, metrics: dict[str, float]) -> RolloutBatch:
-        """Drop unscored samples (and, for ReMax, prompts whose greedy decode got no reward);
-        add π_old, π_ref, values, token rewards and advantages."""
-        algo = self.algo
-        scored = ~batch.scores.isnan()
-        if not bool(scored.all()):
-            metrics["reward/unscored_dropped"] = float((~scored).sum())
-            batch = batch.select(torch.nonzero(scored).flatten())
-        baseline = self._baseline(batch) if len(batch) else None
-        if baseline is not None and bool(baseline.isnan().any()):
-            # no baseline is no advantage: A = r − 0 would be a made-up signal for the whole prompt
-            has_baseline = ~baseline.isnan()
-            metrics["reward/baseline_missing_dropped"] = float((~has_baseline).sum())
-            batch, baseline = batch.select(torch.nonzero(has_baseline).flatten()), baseline[has_baseline]
-        if len(batch) == 0:
-            raise RewardFunctionError(
-                "no sample of this batch has a reward (every one is None, NaN, timed out or lacks its greedy "
-                "baseline); see the reward/*/none_fraction and reward/*/failed_fraction metrics"
-            )
-        loss_mask = batch.response_mask.clone()
-        if algo.mask_truncated:
-            loss_mask[batch.truncated] = 0.0
-        batch.loss_mask = loss_mask
-        if self.recompute_old_logprobs:
-            batch.old_logprobs = self._logprobs(self.policy, batch)
-            # the engine's log-probs are their own stream: how far from the trainer's π_old (on-policy
-            # runs measure it in the update's own forward instead, over the samples it trains on)
-            metrics.update(
-                rollout_mismatch(
-                    batch.old_logprobs, batch.engine_logprobs, batch.response_mask, self.config.rollout.tis_cap
-                )
-            )
-        if algo.kl.needs_reference:
-            batch.ref_logprobs = self._reference_logprobs(batch)
-        if self.critic is not None:
-            batch.values = self._values(batch) * batch.response_mask
-        rollout_logprobs = batch.old_logprobs if batch.old_logprobs is not None else batch.engine_logprobs
-        if algo.kl.placement == "reward":
-            beta = self.kl_controller.value
-            batch.token_rewards, kl_metrics = shape_token_rewards(
-                batch.scores,
-                rollout_logprobs,
-                batch.ref_logprobs,
-                batch.response_mask,
-                beta,
-                kind=algo.kl.estimator,
-                level=algo.kl.level,
-            )
-            # kl/reward is the controller's input itself (the rollout policy's KL with the run's
-            # estimator, per-sequence token mean); kl/ref, logged by the update, is k3 of the
-            # policy being trained, a different number, so the two keep separate names
-            reward_kl = float(kl_metrics["kl"])
-            metrics["kl/reward"] = reward_kl
-            metrics["kl/coef"] = beta
-            self.kl_controller.update(reward_kl, len(batch))
-        else:
-            batch.token_rewards = place_scores_at_last_token(batch.scores, batch.response_mask)
-        batch.baseline_scores = baseline
-        options = dict(algo.advantage_options)
-        if self.estimator_needs.reward_weights and "component_weights" not in options:
-            options["component_weights"] = self.rewards_weights
-        # components stay NaN where a reward does not apply to a prompt: GDPO leaves them out
-        components = batch.reward_components
-        batch.advantages, batch.returns = ADVANTAGE_ESTIMATORS[algo.advantage](
-            token_rewards=batch.token_rewards,
-            response_mask=batch.response_mask,
-            group_ids=batch.group_ids,
-            values=batch.values,
-            baseline_scores=batch.baseline_scores,
-            reward_components=components,
-            **options,
-        )
-        valid = batch.response_mask.bool()
-        adv = batch.advantages[valid]
-        if not bool(torch.isfinite(adv).all()):
-            # a NaN advantage would only make its samples look inactive and skip them in silence
-            raise TrainingDiverged(
-                f"{int((~torch.isfinite(adv)).sum())} advantages of this batch are not finite (rewards from "
-                f"{float(batch.scores.min()):g} to {float(batch.scores.max()):g}); check the scale of the rewards"
-                + (" and the critic's values" if batch.values is not None else "")
-            )
-        if adv.numel():
-            metrics.update(
-                {
-                    "advantage/mean": float(adv.mean()),
-                    "advantage/std": float(adv.std(unbiased=False)),
-                    "advantage/abs_max": float(adv.abs().max()),
-                }
-            )
-        return batch
+        return self.preparer.prepare(batch, metrics)
 
-    @property
-    def estimator_needs(self) -> EstimatorNeeds:
-        """What the run's advantage estimator declared it needs (algos/registry.py)."""
-        return ADVANTAGE_ESTIMATORS.needs[self.algo.advantage]
-
-    @property
-    def rewards_weights(self) -> list[float]:
-        return [reward.weight for reward in self.rewards.rewards]
-
-    def _baseline(self, batch: RolloutBatch) -> Tensor | None:
-        if self.algo.baseline == "running_mean":
-            value = self.running_baseline.value
-            self.running_baseline.update(batch.scores)
-            return torch.full_like(batch.scores, value)
-        return batch.baseline_scores  # ReMax's greedy decode, scored by the source; None otherwise
+    def update(self, batch: RolloutBatch, step: int) -> dict[str, float]:
+        return self.updater.update(batch, step)
 
     def sequence_logprobs(
         self, model: nn.Module, batch: RolloutBatch, *, with_entropy: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        """``[B, T]`` log-probs (and entropies) of ``batch``'s responses under ``model`` at the
-        sampling temperature; prompts shared by a group are encoded once when configured."""
-        temperature = self.config.temperature_value
-        if self.config.shared_prompt_forward:
-            groups, prompt_index = torch.unique(batch.group_ids, return_inverse=True)
-            first = torch.full((groups.numel(),), len(batch), dtype=torch.long)
-            first = first.scatter_reduce(0, prompt_index, torch.arange(len(batch)), "amin")
-            return shared_prompt_logprobs(
-                model,
-                batch.prompt_ids[first],
-                batch.prompt_mask[first],
-                batch.response_ids,
-                batch.response_mask,
-                prompt_index,
-                temperature=temperature,
-                with_entropy=with_entropy,
-            )
-        return response_logprobs(
-            model,
-            batch.input_ids,
-            batch.attention_mask,
-            response_mask=batch.response_mask,
-            temperature=temperature,
-            with_entropy=with_entropy,
-        )
+        return sequence_logprobs(model, batch, self.config, with_entropy=with_entropy)
 
-    def _logprobs(self, model: nn.Module, batch: RolloutBatch) -> Tensor:
-        size = self.config.micro_batch_size or len(batch)
-        parts = [
-            self.sequence_logprobs(model, batch.select(torch.arange(start, min(start + size, len(batch)))))[0]
-            for start in range(0, len(batch), size)
-        ]
-        return torch.cat(parts)
-
-    def _values(self, batch: RolloutBatch) -> Tensor:
-        """``[B, T]`` critic values of the batch, ``micro_batch_size`` samples per forward pass."""
-        from posttrain.models.value import response_values
-
-        size = self.config.micro_batch_size or len(batch)
-        parts = []
-        for start in range(0, len(batch), size):
-            chunk = batch.select(torch.arange(start, min(start + size, len(batch))))
-            parts.append(response_values(self.critic, chunk.input_ids, chunk.attention_mask, chunk.prompt_ids.shape[1]))
-        return torch.cat(parts)
-
-    def _reference_logprobs(self, batch: RolloutBatch) -> Tensor:
-        if self.reference is not None:
-            return self._logprobs(self.reference, batch)
-        from posttrain.models.lora import reference_policy
-
-        with reference_policy(self.policy):
-            return self._logprobs(self.policy, batch)
-
-    # ------------------------------------------------------------------ update
-    def update(self, batch: RolloutBatch, step: int) -> dict[str, float]:
-        """``ppo_epochs`` passes of minibatch updates over the batch; returns averaged metrics."""
-        config = self.config
-        groups = batch.group_ids.unique()
-        groups_per_minibatch = max(1, self.minibatch_size // config.samples_per_prompt)
-        generator = torch.Generator().manual_seed(config.seed * 7919 + step)
-        sums: dict[str, float] = {}
-        updates = 0
-        for _ in range(config.ppo_epochs):
-            order = (
-                groups[torch.randperm(groups.numel(), generator=generator)] if self.recompute_old_logprobs else groups
-            )
-            for start in range(0, order.numel(), groups_per_minibatch):
-                members = torch.isin(batch.group_ids, order[start : start + groups_per_minibatch])
-                minibatch = batch.select(torch.nonzero(members).flatten())
-                for key, value in self._minibatch_update(minibatch, step).items():
-                    sums[key] = max(sums.get(key, value), value) if key.endswith("_max") else sums.get(key, 0.0) + value
-                updates += 1
-        metrics = {key: value if key.endswith("_max") else value / max(updates, 1) for key, value in sums.items()}
-        metrics["train/updates"] = float(updates)
-        return metrics
-
-    def _minibatch_update(self, minibatch: RolloutBatch, step: int) -> dict[str, float]:
-        config, algo = self.config, self.algo
-        loss_mask = minibatch.loss_mask
-        num_tokens = loss_mask.sum()
-        num_seqs = (loss_mask.sum(-1) > 0).sum()
-        aggregation = {"num_tokens": num_tokens, "num_seqs": num_seqs, "norm_constant": float(config.max_new_tokens)}
-        loss_fn = POLICY_LOSSES[algo.policy_loss]
-        beta = self.kl_controller.value if algo.kl.placement == "loss" else 0.0
-        # zeroed rather than freed: a minibatch whose samples are all skipped still takes the
-        # optimizer step the full computation would take (zero gradient, Adam moments decaying)
-        self.optimizer.zero_grad(set_to_none=False)
-        if self.critic_optimizer is not None:
-            self.critic_optimizer.zero_grad(set_to_none=True)
-        trained = self._samples_with_gradient(minibatch)
-        trained_tokens = max(float(trained.loss_mask.sum()), 1.0)
-        size = config.micro_batch_size or len(minibatch)
-        sums: dict[str, float] = {
-            "train/active_fraction": len(trained) / max(len(minibatch), 1),
-            "loss/total": 0.0,
-            "loss/policy": 0.0,
-        }
-        for start in range(0, len(trained), size):
-            micro = trained.select(torch.arange(start, min(start + size, len(trained)))).trimmed()
-            share = float(micro.loss_mask.sum()) / trained_tokens
-            logprobs, entropy = self.sequence_logprobs(self.policy, micro, with_entropy=True)
-            old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
-            options = dict(algo.loss_options)
-            if config.rollout.tis_cap is not None:  # π_old/π_rollout: the engine sampled, not π_old
-                options["weights"] = truncated_is_weights(old, micro.engine_logprobs, config.rollout.tis_cap)
-            policy_loss, loss_metrics = loss_fn(
-                logprobs=logprobs,
-                old_logprobs=old,
-                advantages=micro.advantages,
-                response_mask=micro.loss_mask,
-                agg_mode=algo.agg_mode,
-                **aggregation,
-                **options,
-            )
-            kl = None
-            if micro.ref_logprobs is not None and algo.kl.placement == "loss":
-                kl = kl_estimate(logprobs, micro.ref_logprobs, algo.kl.estimator, response_mask=micro.loss_mask)
-            total, actor_metrics = actor_loss(
-                policy_loss,
-                micro.loss_mask,
-                entropy=entropy if algo.entropy_coef else entropy.detach(),
-                entropy_coef=algo.entropy_coef,
-                kl=kl,
-                kl_coef=beta,
-                agg_mode=algo.agg_mode,
-                **aggregation,
-            )
-            if not torch.isfinite(total):
-                raise TrainingDiverged(
-                    f"step {step}: the RL loss is {float(total)}; the last complete checkpoint is kept. Lower "
-                    f"learning_rate (now {config.learning_rate:g}) or check the rewards of this batch."
-                )
-            total.backward()
-            with torch.no_grad():
-                micro_metrics = {
-                    "loss/total": float(total),
-                    "loss/policy": float(actor_metrics["policy"]),
-                    "policy/entropy": float(actor_metrics["entropy"]),
-                    **{f"policy/{k}": float(v) for k, v in loss_metrics.items()},
-                }
-                if "kl" in actor_metrics:
-                    micro_metrics["loss/kl"] = float(actor_metrics["kl"])
-                if micro.ref_logprobs is not None:
-                    micro_metrics["kl/ref"] = float(
-                        masked_mean(kl_estimate(logprobs, micro.ref_logprobs, "k3"), micro.response_mask)
-                    )
-                micro_metrics["policy/engine_logprob_gap"] = float(
-                    masked_mean((old - micro.engine_logprobs).abs(), micro.response_mask)
-                )
-                if micro.old_logprobs is None:  # on-policy: this forward is π_old, no extra pass needed
-                    micro_metrics.update(
-                        rollout_mismatch(old, micro.engine_logprobs, micro.response_mask, config.rollout.tis_cap)
-                    )
-            if self.critic is not None:
-                micro_metrics.update(self._critic_loss(micro, share))
-            for key, value in micro_metrics.items():
-                if key.endswith("_max"):  # a maximum over micro-batches, not a mean
-                    sums[key] = max(sums.get(key, value), value)
-                    continue
-                # sums-of-means in proportion to each micro-batch's tokens: the minibatch mean
-                weight = 1.0 if key in ("loss/total", "loss/policy", "loss/kl") else share
-                sums[key] = sums.get(key, 0.0) + value * weight
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm or math.inf))
-        if not math.isfinite(grad_norm):
-            raise TrainingDiverged(f"step {step}: the policy gradient norm is {grad_norm}; lower learning_rate")
-        self.optimizer.step()
-        self.scheduler.step()
-        if self.critic_optimizer is not None:
-            torch.nn.utils.clip_grad_norm_(self.critic.parameters(), config.max_grad_norm or math.inf)
-            self.critic_optimizer.step()
-        sums["policy/grad_norm"] = grad_norm
-        return sums
-
-    def _samples_with_gradient(self, minibatch: RolloutBatch) -> RolloutBatch:
-        """The samples whose loss can have a gradient.
-
-        Without an entropy bonus, a KL term in the loss or a critic, a sample whose advantages
-        are all 0 (e.g. every sample of its group got the same reward) contributes exactly 0 to
-        every registered policy loss, so its forward and backward passes are skipped. The loss
-        is still normalised over the whole minibatch (``num_tokens``/``num_seqs``), so the
-        gradient is the same as computing it; only time is saved (most groups, once a task is
-        mostly solved). Diagnostics such as entropy and clip fraction then cover the trained
-        samples.
-        """
-        algo = self.algo
-        if algo.entropy_coef or algo.kl.placement == "loss" or self.critic is not None:
-            return minibatch
-        active = (minibatch.advantages.abs() * minibatch.loss_mask).sum(-1) > 0
-        if bool(active.all()):
-            return minibatch
-        return minibatch.select(torch.nonzero(active).flatten())
-
-    def _critic_loss(self, micro: RolloutBatch, share: float) -> dict[str, float]:
-        from posttrain.models.value import response_values
-
-        critic_cfg = self.algo.critic
-        values = response_values(self.critic, micro.input_ids, micro.attention_mask, micro.prompt_ids.shape[1])
-        loss, metrics = value_loss(
-            values, micro.values, micro.returns, micro.loss_mask, clip_range=critic_cfg.value_clip
-        )
-        (loss * share).backward()  # no loss_coef: AdamW would cancel it (CriticSection)
-        return {
-            "loss/value": float(loss.detach()),
-            "critic/clip_fraction": float(metrics["clip_fraction"]),
-            "critic/explained_variance": float(metrics["explained_variance"]),
-        }
+    @property
+    def rewards_weights(self) -> list[float]:
+        return [reward.weight for reward in self.rewards.rewards]
 
     # ------------------------------------------------------------------ evaluation, logs, checkpoints
     def evaluate(self) -> dict[str, float]:

@@ -1,0 +1,221 @@
+"""Batch preparation, the RL step's middle stage: a scored batch from the rollout source gets
+what the update needs — unusable samples dropped, π_old (when the update is off-policy), π_ref,
+the critic's values, token rewards (with the KL penalty where it goes in the reward) and the
+advantages of the run's estimator (docs/algorithms.md §2, §3)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from posttrain.algos import (
+    ADVANTAGE_ESTIMATORS,
+    place_scores_at_last_token,
+    shape_token_rewards,
+)
+from posttrain.algos.mismatch import rollout_mismatch
+from posttrain.algos.registry import EstimatorNeeds
+from posttrain.errors import TrainingDiverged
+from posttrain.models.logprobs import response_logprobs, shared_prompt_logprobs
+from posttrain.rewards import RewardFunctionError
+from posttrain.train.rl_batch import RolloutBatch
+from posttrain.train.rl_config import RLRun
+
+
+def minibatch_size(config: RLRun) -> int:
+    return config.minibatch_size or config.rollout_batch_size
+
+
+def recompute_old_logprobs(config: RLRun) -> bool:
+    """Only with more than one optimizer step per batch do π_old and π differ; on-policy
+    the ratio is exactly 1 and π_old is π detached (TRL does the same)."""
+    return config.ppo_epochs > 1 or minibatch_size(config) < config.rollout_batch_size
+
+
+def sequence_logprobs(
+    model: nn.Module, batch: RolloutBatch, config: RLRun, *, with_entropy: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """``[B, T]`` log-probs (and entropies) of ``batch``'s responses under ``model`` at the
+    sampling temperature; prompts shared by a group are encoded once when configured."""
+    temperature = config.temperature_value
+    if config.shared_prompt_forward:
+        groups, prompt_index = torch.unique(batch.group_ids, return_inverse=True)
+        first = torch.full((groups.numel(),), len(batch), dtype=torch.long)
+        first = first.scatter_reduce(0, prompt_index, torch.arange(len(batch)), "amin")
+        return shared_prompt_logprobs(
+            model,
+            batch.prompt_ids[first],
+            batch.prompt_mask[first],
+            batch.response_ids,
+            batch.response_mask,
+            prompt_index,
+            temperature=temperature,
+            with_entropy=with_entropy,
+        )
+    return response_logprobs(
+        model,
+        batch.input_ids,
+        batch.attention_mask,
+        response_mask=batch.response_mask,
+        temperature=temperature,
+        with_entropy=with_entropy,
+    )
+
+
+class BatchPreparer:
+    """Holds what preparation reads (the models, the KL controller, the running baseline) and
+    turns a scored batch into one the update can train on."""
+
+    def __init__(
+        self,
+        config: RLRun,
+        policy: nn.Module,
+        reference: nn.Module | None,
+        critic: nn.Module | None,
+        kl_controller: Any,
+        running_baseline: Any,
+        rewards_weights: list[float],
+    ) -> None:
+        self.config, self.algo = config, config.algorithm
+        self.policy, self.reference, self.critic = policy, reference, critic
+        self.kl_controller, self.running_baseline = kl_controller, running_baseline
+        self.rewards_weights = rewards_weights
+        self.recompute_old_logprobs = recompute_old_logprobs(config)
+
+    @property
+    def estimator_needs(self) -> EstimatorNeeds:
+        """What the run's advantage estimator declared it needs (algos/registry.py)."""
+        return ADVANTAGE_ESTIMATORS.needs[self.algo.advantage]
+
+    def sequence_logprobs(
+        self, model: nn.Module, batch: RolloutBatch, *, with_entropy: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        return sequence_logprobs(model, batch, self.config, with_entropy=with_entropy)
+
+    @torch.no_grad()
+    def prepare(self, batch: RolloutBatch, metrics: dict[str, float]) -> RolloutBatch:
+        """Drop unscored samples (and, for ReMax, prompts whose greedy decode got no reward);
+        add π_old, π_ref, values, token rewards and advantages."""
+        algo = self.algo
+        scored = ~batch.scores.isnan()
+        if not bool(scored.all()):
+            metrics["reward/unscored_dropped"] = float((~scored).sum())
+            batch = batch.select(torch.nonzero(scored).flatten())
+        baseline = self._baseline(batch) if len(batch) else None
+        if baseline is not None and bool(baseline.isnan().any()):
+            # no baseline is no advantage: A = r − 0 would be a made-up signal for the whole prompt
+            has_baseline = ~baseline.isnan()
+            metrics["reward/baseline_missing_dropped"] = float((~has_baseline).sum())
+            batch, baseline = batch.select(torch.nonzero(has_baseline).flatten()), baseline[has_baseline]
+        if len(batch) == 0:
+            raise RewardFunctionError(
+                "no sample of this batch has a reward (every one is None, NaN, timed out or lacks its greedy "
+                "baseline); see the reward/*/none_fraction and reward/*/failed_fraction metrics"
+            )
+        loss_mask = batch.response_mask.clone()
+        if algo.mask_truncated:
+            loss_mask[batch.truncated] = 0.0
+        batch.loss_mask = loss_mask
+        if self.recompute_old_logprobs:
+            batch.old_logprobs = self._logprobs(self.policy, batch)
+            # the engine's log-probs are their own stream: how far from the trainer's π_old (on-policy
+            # runs measure it in the update's own forward instead, over the samples it trains on)
+            metrics.update(
+                rollout_mismatch(
+                    batch.old_logprobs, batch.engine_logprobs, batch.response_mask, self.config.rollout.tis_cap
+                )
+            )
+        if algo.kl.needs_reference:
+            batch.ref_logprobs = self._reference_logprobs(batch)
+        if self.critic is not None:
+            batch.values = self._values(batch) * batch.response_mask
+        rollout_logprobs = batch.old_logprobs if batch.old_logprobs is not None else batch.engine_logprobs
+        if algo.kl.placement == "reward":
+            beta = self.kl_controller.value
+            batch.token_rewards, kl_metrics = shape_token_rewards(
+                batch.scores,
+                rollout_logprobs,
+                batch.ref_logprobs,
+                batch.response_mask,
+                beta,
+                kind=algo.kl.estimator,
+                level=algo.kl.level,
+            )
+            # kl/reward is the controller's input itself (the rollout policy's KL with the run's
+            # estimator, per-sequence token mean); kl/ref, logged by the update, is k3 of the
+            # policy being trained, a different number, so the two keep separate names
+            reward_kl = float(kl_metrics["kl"])
+            metrics["kl/reward"] = reward_kl
+            metrics["kl/coef"] = beta
+            self.kl_controller.update(reward_kl, len(batch))
+        else:
+            batch.token_rewards = place_scores_at_last_token(batch.scores, batch.response_mask)
+        batch.baseline_scores = baseline
+        options = dict(algo.advantage_options)
+        if self.estimator_needs.reward_weights and "component_weights" not in options:
+            options["component_weights"] = self.rewards_weights
+        # components stay NaN where a reward does not apply to a prompt: GDPO leaves them out
+        components = batch.reward_components
+        batch.advantages, batch.returns = ADVANTAGE_ESTIMATORS[algo.advantage](
+            token_rewards=batch.token_rewards,
+            response_mask=batch.response_mask,
+            group_ids=batch.group_ids,
+            values=batch.values,
+            baseline_scores=batch.baseline_scores,
+            reward_components=components,
+            **options,
+        )
+        valid = batch.response_mask.bool()
+        adv = batch.advantages[valid]
+        if not bool(torch.isfinite(adv).all()):
+            # a NaN advantage would only make its samples look inactive and skip them in silence
+            raise TrainingDiverged(
+                f"{int((~torch.isfinite(adv)).sum())} advantages of this batch are not finite (rewards from "
+                f"{float(batch.scores.min()):g} to {float(batch.scores.max()):g}); check the scale of the rewards"
+                + (" and the critic's values" if batch.values is not None else "")
+            )
+        if adv.numel():
+            metrics.update(
+                {
+                    "advantage/mean": float(adv.mean()),
+                    "advantage/std": float(adv.std(unbiased=False)),
+                    "advantage/abs_max": float(adv.abs().max()),
+                }
+            )
+        return batch
+
+    def _baseline(self, batch: RolloutBatch) -> Tensor | None:
+        if self.algo.baseline == "running_mean":
+            value = self.running_baseline.value
+            self.running_baseline.update(batch.scores)
+            return torch.full_like(batch.scores, value)
+        return batch.baseline_scores  # ReMax's greedy decode, scored by the source; None otherwise
+
+    def _logprobs(self, model: nn.Module, batch: RolloutBatch) -> Tensor:
+        size = self.config.micro_batch_size or len(batch)
+        parts = [
+            self.sequence_logprobs(model, batch.select(torch.arange(start, min(start + size, len(batch)))))[0]
+            for start in range(0, len(batch), size)
+        ]
+        return torch.cat(parts)
+
+    def _values(self, batch: RolloutBatch) -> Tensor:
+        """``[B, T]`` critic values of the batch, ``micro_batch_size`` samples per forward pass."""
+        from posttrain.models.value import response_values
+
+        size = self.config.micro_batch_size or len(batch)
+        parts = []
+        for start in range(0, len(batch), size):
+            chunk = batch.select(torch.arange(start, min(start + size, len(batch))))
+            parts.append(response_values(self.critic, chunk.input_ids, chunk.attention_mask, chunk.prompt_ids.shape[1]))
+        return torch.cat(parts)
+
+    def _reference_logprobs(self, batch: RolloutBatch) -> Tensor:
+        if self.reference is not None:
+            return self._logprobs(self.reference, batch)
+        from posttrain.models.lora import reference_policy
+
+        with reference_policy(self.policy):
+            return self._logprobs(self.policy, batch)

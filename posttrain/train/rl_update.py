@@ -1,0 +1,198 @@
+"""The update, the RL step's last stage: ``ppo_epochs`` passes of minibatch steps over a
+prepared batch — micro-batches accumulated, the policy loss of the run's registry entry with
+truncated importance weights, KL and entropy terms, the critic's value loss, gradient clipping —
+and the step's averaged metrics (docs/algorithms.md §4)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from posttrain.algos import POLICY_LOSSES, actor_loss, kl_estimate, masked_mean, value_loss
+from posttrain.algos.mismatch import rollout_mismatch, truncated_is_weights
+from posttrain.errors import TrainingDiverged
+from posttrain.train.rl_batch import RolloutBatch
+from posttrain.train.rl_config import RLRun
+from posttrain.train.rl_prepare import minibatch_size, recompute_old_logprobs, sequence_logprobs
+
+
+class PolicyUpdate:
+    """Holds the optimisation state (policy and critic optimizers, the schedule) and applies
+    one step's update."""
+
+    def __init__(
+        self,
+        config: RLRun,
+        policy: nn.Module,
+        critic: nn.Module | None,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        critic_optimizer: torch.optim.Optimizer | None,
+        kl_controller: Any,
+    ) -> None:
+        self.config, self.algo = config, config.algorithm
+        self.policy, self.critic = policy, critic
+        self.params = [p for p in policy.parameters() if p.requires_grad]
+        self.optimizer, self.scheduler, self.critic_optimizer = optimizer, scheduler, critic_optimizer
+        self.kl_controller = kl_controller
+        self.minibatch_size = minibatch_size(config)
+        self.recompute_old_logprobs = recompute_old_logprobs(config)
+
+    def sequence_logprobs(self, model: nn.Module, batch: RolloutBatch, *, with_entropy: bool = False) -> Any:
+        return sequence_logprobs(model, batch, self.config, with_entropy=with_entropy)
+
+    def update(self, batch: RolloutBatch, step: int) -> dict[str, float]:
+        """``ppo_epochs`` passes of minibatch updates over the batch; returns averaged metrics."""
+        config = self.config
+        groups = batch.group_ids.unique()
+        groups_per_minibatch = max(1, self.minibatch_size // config.samples_per_prompt)
+        generator = torch.Generator().manual_seed(config.seed * 7919 + step)
+        sums: dict[str, float] = {}
+        updates = 0
+        for _ in range(config.ppo_epochs):
+            order = (
+                groups[torch.randperm(groups.numel(), generator=generator)] if self.recompute_old_logprobs else groups
+            )
+            for start in range(0, order.numel(), groups_per_minibatch):
+                members = torch.isin(batch.group_ids, order[start : start + groups_per_minibatch])
+                minibatch = batch.select(torch.nonzero(members).flatten())
+                for key, value in self._minibatch_update(minibatch, step).items():
+                    sums[key] = max(sums.get(key, value), value) if key.endswith("_max") else sums.get(key, 0.0) + value
+                updates += 1
+        metrics = {key: value if key.endswith("_max") else value / max(updates, 1) for key, value in sums.items()}
+        metrics["train/updates"] = float(updates)
+        return metrics
+
+    def _minibatch_update(self, minibatch: RolloutBatch, step: int) -> dict[str, float]:
+        config, algo = self.config, self.algo
+        loss_mask = minibatch.loss_mask
+        num_tokens = loss_mask.sum()
+        num_seqs = (loss_mask.sum(-1) > 0).sum()
+        aggregation = {"num_tokens": num_tokens, "num_seqs": num_seqs, "norm_constant": float(config.max_new_tokens)}
+        loss_fn = POLICY_LOSSES[algo.policy_loss]
+        beta = self.kl_controller.value if algo.kl.placement == "loss" else 0.0
+        # zeroed rather than freed: a minibatch whose samples are all skipped still takes the
+        # optimizer step the full computation would take (zero gradient, Adam moments decaying)
+        self.optimizer.zero_grad(set_to_none=False)
+        if self.critic_optimizer is not None:
+            self.critic_optimizer.zero_grad(set_to_none=True)
+        trained = self._samples_with_gradient(minibatch)
+        trained_tokens = max(float(trained.loss_mask.sum()), 1.0)
+        size = config.micro_batch_size or len(minibatch)
+        sums: dict[str, float] = {
+            "train/active_fraction": len(trained) / max(len(minibatch), 1),
+            "loss/total": 0.0,
+            "loss/policy": 0.0,
+        }
+        for start in range(0, len(trained), size):
+            micro = trained.select(torch.arange(start, min(start + size, len(trained)))).trimmed()
+            share = float(micro.loss_mask.sum()) / trained_tokens
+            logprobs, entropy = self.sequence_logprobs(self.policy, micro, with_entropy=True)
+            old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
+            options = dict(algo.loss_options)
+            if config.rollout.tis_cap is not None:  # π_old/π_rollout: the engine sampled, not π_old
+                options["weights"] = truncated_is_weights(old, micro.engine_logprobs, config.rollout.tis_cap)
+            policy_loss, loss_metrics = loss_fn(
+                logprobs=logprobs,
+                old_logprobs=old,
+                advantages=micro.advantages,
+                response_mask=micro.loss_mask,
+                agg_mode=algo.agg_mode,
+                **aggregation,
+                **options,
+            )
+            kl = None
+            if micro.ref_logprobs is not None and algo.kl.placement == "loss":
+                kl = kl_estimate(logprobs, micro.ref_logprobs, algo.kl.estimator, response_mask=micro.loss_mask)
+            total, actor_metrics = actor_loss(
+                policy_loss,
+                micro.loss_mask,
+                entropy=entropy if algo.entropy_coef else entropy.detach(),
+                entropy_coef=algo.entropy_coef,
+                kl=kl,
+                kl_coef=beta,
+                agg_mode=algo.agg_mode,
+                **aggregation,
+            )
+            if not torch.isfinite(total):
+                raise TrainingDiverged(
+                    f"step {step}: the RL loss is {float(total)}; the last complete checkpoint is kept. Lower "
+                    f"learning_rate (now {config.learning_rate:g}) or check the rewards of this batch."
+                )
+            total.backward()
+            with torch.no_grad():
+                micro_metrics = {
+                    "loss/total": float(total),
+                    "loss/policy": float(actor_metrics["policy"]),
+                    "policy/entropy": float(actor_metrics["entropy"]),
+                    **{f"policy/{k}": float(v) for k, v in loss_metrics.items()},
+                }
+                if "kl" in actor_metrics:
+                    micro_metrics["loss/kl"] = float(actor_metrics["kl"])
+                if micro.ref_logprobs is not None:
+                    micro_metrics["kl/ref"] = float(
+                        masked_mean(kl_estimate(logprobs, micro.ref_logprobs, "k3"), micro.response_mask)
+                    )
+                micro_metrics["policy/engine_logprob_gap"] = float(
+                    masked_mean((old - micro.engine_logprobs).abs(), micro.response_mask)
+                )
+                if micro.old_logprobs is None:  # on-policy: this forward is π_old, no extra pass needed
+                    micro_metrics.update(
+                        rollout_mismatch(old, micro.engine_logprobs, micro.response_mask, config.rollout.tis_cap)
+                    )
+            if self.critic is not None:
+                micro_metrics.update(self._critic_loss(micro, share))
+            for key, value in micro_metrics.items():
+                if key.endswith("_max"):  # a maximum over micro-batches, not a mean
+                    sums[key] = max(sums.get(key, value), value)
+                    continue
+                # sums-of-means in proportion to each micro-batch's tokens: the minibatch mean
+                weight = 1.0 if key in ("loss/total", "loss/policy", "loss/kl") else share
+                sums[key] = sums.get(key, 0.0) + value * weight
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm or math.inf))
+        if not math.isfinite(grad_norm):
+            raise TrainingDiverged(f"step {step}: the policy gradient norm is {grad_norm}; lower learning_rate")
+        self.optimizer.step()
+        self.scheduler.step()
+        if self.critic_optimizer is not None:
+            torch.nn.utils.clip_grad_norm_(self.critic.parameters(), config.max_grad_norm or math.inf)
+            self.critic_optimizer.step()
+        sums["policy/grad_norm"] = grad_norm
+        return sums
+
+    def _samples_with_gradient(self, minibatch: RolloutBatch) -> RolloutBatch:
+        """The samples whose loss can have a gradient.
+
+        Without an entropy bonus, a KL term in the loss or a critic, a sample whose advantages
+        are all 0 (e.g. every sample of its group got the same reward) contributes exactly 0 to
+        every registered policy loss, so its forward and backward passes are skipped. The loss
+        is still normalised over the whole minibatch (``num_tokens``/``num_seqs``), so the
+        gradient is the same as computing it; only time is saved (most groups, once a task is
+        mostly solved). Diagnostics such as entropy and clip fraction then cover the trained
+        samples.
+        """
+        algo = self.algo
+        if algo.entropy_coef or algo.kl.placement == "loss" or self.critic is not None:
+            return minibatch
+        active = (minibatch.advantages.abs() * minibatch.loss_mask).sum(-1) > 0
+        if bool(active.all()):
+            return minibatch
+        return minibatch.select(torch.nonzero(active).flatten())
+
+    def _critic_loss(self, micro: RolloutBatch, share: float) -> dict[str, float]:
+        from posttrain.models.value import response_values
+
+        critic_cfg = self.algo.critic
+        values = response_values(self.critic, micro.input_ids, micro.attention_mask, micro.prompt_ids.shape[1])
+        loss, metrics = value_loss(
+            values, micro.values, micro.returns, micro.loss_mask, clip_range=critic_cfg.value_clip
+        )
+        (loss * share).backward()  # no loss_coef: AdamW would cancel it (CriticSection)
+        return {
+            "loss/value": float(loss.detach()),
+            "critic/clip_fraction": float(metrics["clip_fraction"]),
+            "critic/explained_variance": float(metrics["explained_variance"]),
+        }
