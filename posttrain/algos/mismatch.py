@@ -26,7 +26,7 @@ from posttrain.algos.kl import kl_estimate
 from posttrain.algos.masked import masked_mean
 
 
-def truncated_is_weights(trainer_logprobs: Tensor, rollout_logprobs: Tensor, cap: float) -> Tensor:
+def truncated_is_weights(trainer_logprobs: Tensor, engine_logprobs: Tensor, cap: float) -> Tensor:
     """w_t = min(exp(ℓ_old,t − ℓ_rollout,t), C), detached, ``[B, T]``.
 
     The log-ratio is clamped to ±20 before ``exp`` (docs/algorithms.md §10.9) so one token whose
@@ -34,13 +34,13 @@ def truncated_is_weights(trainer_logprobs: Tensor, rollout_logprobs: Tensor, cap
     """
     if cap <= 0:
         raise ValueError(f"the truncated importance sampling cap must be > 0, got {cap}")
-    log_ratio = (trainer_logprobs - rollout_logprobs).detach().clamp(-20.0, 20.0)
+    log_ratio = (trainer_logprobs - engine_logprobs).detach().clamp(-20.0, 20.0)
     return torch.exp(log_ratio).clamp(max=cap)
 
 
 @torch.no_grad()
 def rollout_mismatch(
-    trainer_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, tis_cap: float | None = None
+    trainer_logprobs: Tensor, engine_logprobs: Tensor, mask: Tensor, tis_cap: float | None = None
 ) -> dict[str, float]:
     """Metrics of the engine/trainer disagreement over the masked tokens.
 
@@ -50,16 +50,16 @@ def rollout_mismatch(
     ``rollout/tis_weight_mean`` and ``rollout/tis_capped_fraction`` (tokens whose weight hit C).
     """
     valid = mask.bool()
-    diff = (trainer_logprobs - rollout_logprobs).abs()
-    kl = kl_estimate(rollout_logprobs, trainer_logprobs, "k3", response_mask=mask)
+    diff = (trainer_logprobs - engine_logprobs).abs()
+    kl = kl_estimate(engine_logprobs, trainer_logprobs, "k3", response_mask=mask)
     metrics = {
         "rollout/mismatch_kl": float(masked_mean(kl, mask)),
         "rollout/logprob_diff_mean": float(masked_mean(diff, mask)),
         "rollout/logprob_diff_max": float(diff[valid].max()) if bool(valid.any()) else 0.0,
     }
     if tis_cap is not None:
-        weights = truncated_is_weights(trainer_logprobs, rollout_logprobs, tis_cap)
-        ratio = torch.exp((trainer_logprobs - rollout_logprobs).clamp(-20.0, 20.0))
+        weights = truncated_is_weights(trainer_logprobs, engine_logprobs, tis_cap)
+        ratio = torch.exp((trainer_logprobs - engine_logprobs).clamp(-20.0, 20.0))
         metrics["rollout/tis_weight_mean"] = float(masked_mean(weights, mask))
         metrics["rollout/tis_capped_fraction"] = float(masked_mean((ratio > tis_cap).float(), mask))
     return metrics

@@ -131,12 +131,15 @@ class BatchPreparer:
             batch.ref_logprobs = self._reference_logprobs(batch)
         if self.critic is not None:
             batch.values = self._values(batch) * batch.response_mask
-        rollout_logprobs = batch.old_logprobs if batch.old_logprobs is not None else batch.engine_logprobs
+        # the sampling policy's log-probs for the KL penalty: the trainer's π_old where computed,
+        # else the engine's own report (one vocabulary: engine_logprobs are what the engine
+        # said, old_logprobs the trainer's forward of the same weights, ref_logprobs π_ref)
+        sampling_logprobs = batch.old_logprobs if batch.old_logprobs is not None else batch.engine_logprobs
         if algo.kl.placement == "reward":
             beta = self.kl_controller.value
             batch.token_rewards, kl_metrics = shape_token_rewards(
                 batch.scores,
-                rollout_logprobs,
+                sampling_logprobs,
                 batch.ref_logprobs,
                 batch.response_mask,
                 beta,
