@@ -231,3 +231,25 @@ def _import_path(path: str) -> RewardFn:
     if not callable(fn):
         raise RewardSpecError(f"reward {path!r} is not callable")
     return fn
+
+
+def resolve_rewards(
+    specs: Sequence[Any], weights: Sequence[float] | None = None, allow_constant: Sequence[str] = ()
+) -> list[NamedReward]:
+    """A run's reward functions from their specs (names, paths, option mappings, callables or
+    ready :class:`NamedReward` s), one weight each (default 1); names listed in
+    ``allow_constant`` must be among them."""
+    from posttrain.config import ConfigError
+
+    weights = list(weights) if weights else [1.0] * len(specs)
+    if len(weights) != len(specs):
+        raise ConfigError(f"reward_weights has {len(weights)} entries for {len(specs)} reward functions")
+    rewards = [
+        spec if isinstance(spec, NamedReward) else resolve_reward(spec, weight)
+        for spec, weight in zip(specs, weights, strict=True)
+    ]
+    names = [reward.name for reward in rewards]
+    unknown = [name for name in allow_constant if name not in names]
+    if unknown:
+        raise ConfigError(f"allow_constant_reward names {unknown}, which are not rewards of this run: {names}")
+    return rewards

@@ -23,7 +23,6 @@ Rollout, reward and update only exchange tensors and lists
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,9 +32,6 @@ import torch
 from torch import Tensor, nn
 
 from posttrain.algos import (
-    AdaptiveKLControllerHorizon,
-    AdaptiveKLControllerPPO,
-    FixedKLController,
     RunningMeanBaseline,
 )
 from posttrain.config import ConfigError, dump_config
@@ -44,7 +40,9 @@ from posttrain.data.lengths import context_limit
 from posttrain.data.section import check_enough_rows, load_rows
 from posttrain.memory import return_free_memory
 from posttrain.models.section import build_model_and_tokenizer, check_model_source
-from posttrain.rewards import NamedReward, RewardSet, resolve_reward
+from posttrain.models.value import value_model_from_policy
+from posttrain.rewards import NamedReward, RewardSet
+from posttrain.rewards.registry import resolve_rewards
 from posttrain.rollout.engine import build_engine
 from posttrain.sources import RolloutSource
 from posttrain.sources.recorded import RecordingSource, ReplaySource, check_replay_folder
@@ -61,7 +59,14 @@ from posttrain.train.checkpoint import (
 from posttrain.train.rl_batch import RolloutBatch
 from posttrain.train.rl_checks import StepWarnings, preflight_rewards
 from posttrain.train.rl_config import RLRun
-from posttrain.train.rl_prepare import BatchPreparer, minibatch_size, recompute_old_logprobs, sequence_logprobs
+from posttrain.train.rl_eval import evaluate_held_out, logged_samples
+from posttrain.train.rl_prepare import (
+    BatchPreparer,
+    build_kl_controller,
+    minibatch_size,
+    recompute_old_logprobs,
+    sequence_logprobs,
+)
 from posttrain.train.rl_update import PolicyUpdate
 from posttrain.train.run_dir import prepare_run_dir, start_point
 from posttrain.train.schedule import lr_multiplier
@@ -130,7 +135,8 @@ class OnlineRL:
 
         # models around the policy
         self.reference = self._build_reference() if self.algo.kl.needs_reference else None
-        self.critic = self._build_critic() if self.algo.critic is not None else None
+        # the value model: the policy's body with a fresh scalar head (models/value.py)
+        self.critic = value_model_from_policy(self.policy).train() if self.algo.critic is not None else None
         self.engine = build_engine(self.policy, tokenizer, kind=config.engine_kind, vllm_options=config.rollout.vllm)
         self.source = self._build_source(train_rows)
 
@@ -156,7 +162,7 @@ class OnlineRL:
             if self.critic is not None
             else None
         )
-        self.kl_controller = self._build_kl_controller()
+        self.kl_controller = build_kl_controller(self.algo.kl)
         self.running_baseline = RunningMeanBaseline() if self.algo.baseline == "running_mean" else None
         self.step_count = 0
         self.warnings = StepWarnings(echo, max_new_tokens=config.max_new_tokens)
@@ -199,25 +205,12 @@ class OnlineRL:
     ) -> list[NamedReward]:
         config = self.config
         specs: list[Any] = list(functions) if functions is not None else list(config.rewards)
-        if not specs:
-            if task_reward is None:
-                raise ConfigError(
-                    "no reward functions: the rows of data.path have no built-in reward; set rewards "
-                    "(built-in names or pkg.module:fn paths)"
-                )
-            specs = [task_reward]
-        weights = config.reward_weights or [1.0] * len(specs)
-        if len(weights) != len(specs):
-            raise ConfigError(f"reward_weights has {len(weights)} entries for {len(specs)} reward functions")
-        rewards = [
-            spec if isinstance(spec, NamedReward) else resolve_reward(spec, weight)
-            for spec, weight in zip(specs, weights, strict=True)
-        ]
-        names = [reward.name for reward in rewards]
-        unknown = [name for name in config.allow_constant_reward if name not in names]
-        if unknown:
-            raise ConfigError(f"allow_constant_reward names {unknown}, which are not rewards of this run: {names}")
-        return rewards
+        if not specs and task_reward is None:
+            raise ConfigError(
+                "no reward functions: the rows of data.path have no built-in reward; set rewards "
+                "(built-in names or pkg.module:fn paths)"
+            )
+        return resolve_rewards(specs or [task_reward], config.reward_weights, config.allow_constant_reward)
 
     def _build_reference(self) -> nn.Module | None:
         """The KL anchor: the initial policy. With LoRA it is the same model with adapters
@@ -228,21 +221,6 @@ class OnlineRL:
         reference = copy.deepcopy(self.policy).eval()
         reference.requires_grad_(False)
         return reference
-
-    def _build_critic(self) -> nn.Module:
-        from posttrain.models.value import value_model_from_policy
-
-        critic = value_model_from_policy(self.policy)
-        critic.train()
-        return critic
-
-    def _build_kl_controller(self) -> Any:
-        kl = self.algo.kl
-        if kl.controller == "adaptive":
-            return AdaptiveKLControllerHorizon(value=kl.coef, target=kl.target, horizon=kl.horizon)
-        if kl.controller == "adaptive_ppo":
-            return AdaptiveKLControllerPPO(value=kl.coef, target=kl.target)
-        return FixedKLController(kl.coef)
 
     @property
     def minibatch_size(self) -> int:
@@ -335,7 +313,7 @@ class OnlineRL:
                 "lr": self.scheduler.get_last_lr()[0],
             }
         )
-        return metrics, self._samples(batch)
+        return metrics, logged_samples(batch, self.config.log_samples)
 
     # ------------------------------------------------------------------ the step's stages
     def prepare(self, batch: RolloutBatch, metrics: dict[str, float]) -> RolloutBatch:
@@ -355,53 +333,11 @@ class OnlineRL:
 
     # ------------------------------------------------------------------ evaluation, logs, checkpoints
     def evaluate(self) -> dict[str, float]:
-        """Greedy completions of the held-out prompts, ended by the same stop strings as the
-        samples, scored by the run's rewards."""
-        from posttrain.evaluate import evaluate
-
-        components: list[Tensor] = []
-
-        def score(prompts: list[Any], completions: list[str], completion_ids: list[list[int]], **columns: Any) -> list:
-            result = self.rewards.score(prompts, completions, completion_ids, columns)
-            components.append(result.components)
-            return [None if math.isnan(v) else v for v in result.scores.tolist()]
-
-        config = self.config
-        result = evaluate(
-            self.policy,
-            self.tokenizer,
-            self.held_out,
-            score,
-            max_new_tokens=config.max_new_tokens,
-            batch_size=config.eval_batch_size,
-            stop=config.sampling.stop,
+        """The held-out metrics of the policy now (``train/rl_eval.py``); keeps the samples."""
+        metrics, self.last_eval = evaluate_held_out(
+            self.policy, self.tokenizer, self.held_out, self.rewards, self.config
         )
-        self.policy.train()
-        values = [s["reward"] for s in result.samples if s["reward"] is not None]
-        metrics = {"eval/reward": result.accuracy}
-        if len(self.rewards.names) > 1:  # each function's own mean, weight-0 (monitoring) ones included
-            table = torch.cat(components)
-            for index, name in enumerate(self.rewards.names):
-                metrics[f"eval/{name}/mean"] = float(table[:, index].nanmean())
-                # full marks: a task scorer's partial credit (reasoning-gym gives 0.01 for a
-                # wrong number) would otherwise read as accuracy in the mean
-                metrics[f"eval/{name}/solved"] = float((table[:, index] >= 1.0).float().mean())
-        if len(self.rewards.names) == 1 and values and all(v in (0.0, 1.0) for v in values):
-            metrics["eval/accuracy"] = result.accuracy
-        self.last_eval = result
         return metrics
-
-    def _samples(self, batch: RolloutBatch) -> list[dict[str, Any]]:
-        count = min(self.config.log_samples, len(batch))
-        return [
-            {
-                "prompt": batch.prompts[i] if isinstance(batch.prompts[i], str) else str(batch.prompts[i]),
-                "completion": batch.completions[i],
-                "reward": None if math.isnan(float(batch.scores[i])) else float(batch.scores[i]),
-                "advantage": float(batch.advantages[i][batch.response_mask[i].bool()][:1].sum()),
-            }
-            for i in range(count)
-        ]
 
     def save(self, step: int, config_yaml: str | None = None) -> None:
         state: dict[str, Any] = {

@@ -12,6 +12,9 @@ from torch import Tensor, nn
 
 from posttrain.algos import (
     ADVANTAGE_ESTIMATORS,
+    AdaptiveKLControllerHorizon,
+    AdaptiveKLControllerPPO,
+    FixedKLController,
     place_scores_at_last_token,
     shape_token_rewards,
 )
@@ -22,6 +25,15 @@ from posttrain.models.logprobs import response_logprobs, shared_prompt_logprobs
 from posttrain.rewards import RewardFunctionError
 from posttrain.train.rl_batch import RolloutBatch
 from posttrain.train.rl_config import RLRun
+
+
+def build_kl_controller(kl: Any) -> Any:
+    """The controller of β for ``algorithm.kl`` (docs/algorithms.md §3.3): fixed or adaptive."""
+    if kl.controller == "adaptive":
+        return AdaptiveKLControllerHorizon(value=kl.coef, target=kl.target, horizon=kl.horizon)
+    if kl.controller == "adaptive_ppo":
+        return AdaptiveKLControllerPPO(value=kl.coef, target=kl.target)
+    return FixedKLController(kl.coef)
 
 
 def minibatch_size(config: RLRun) -> int:
