@@ -69,7 +69,6 @@ from posttrain.train.rl_prepare import (
 )
 from posttrain.train.rl_update import PolicyUpdate
 from posttrain.train.run_dir import prepare_run_dir, start_point
-from posttrain.train.schedule import lr_multiplier
 
 Echo = Callable[[str], None]
 PROGRESS_KEYS = ("reward/mean", "eval/accuracy", "loss/policy", "kl/ref", "response/length_mean")
@@ -106,19 +105,7 @@ class OnlineRL:
         if config.threads:
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
-
-        # data: rows with a prompt; any other column reaches the reward functions
-        task_reward = None
-        if train_rows is None:
-            train_rows, held, task_reward = load_rows(config.data, config.seed)
-            held_out_rows = held if held_out_rows is None else held_out_rows
-        self.rows = list(train_rows)
-        check_enough_rows(self.rows, config.prompts_per_step, "prompts_per_step", config.data)
-        self.held_out = list(held_out_rows or [])[: config.eval_size]
-        self.prompt_column = config.data.prompt_column
-        missing = [i for i, row in enumerate(self.rows) if self.prompt_column not in row]
-        if missing:
-            raise DataError(f"data row {missing[0]} has no {self.prompt_column!r} column (data.prompt_column)")
+        train_rows, task_reward = self._read_data(train_rows, held_out_rows)
         self.rewards = RewardSet(
             self._resolve_rewards(reward_functions, task_reward),
             workers=config.reward_workers,
@@ -140,28 +127,6 @@ class OnlineRL:
         self.engine = build_engine(self.policy, tokenizer, kind=config.engine_kind, vllm_options=config.rollout.vllm)
         self.source = self._build_source(train_rows)
 
-        # optimisation state
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        self.params = params
-        # zero gradients from the start, not None: AdamW skips a parameter whose gradient is
-        # None, so a step that trains no sample (every advantage 0) would move the weights
-        # (momentum, weight decay) after an earlier update in this process but not right after
-        # a resume in a fresh one, and the resumed run would drift from the straight one
-        for param in params:
-            param.grad = torch.zeros_like(param)
-        self.optimizer = torch.optim.AdamW(
-            params, lr=config.learning_rate, betas=config.adam_betas, weight_decay=config.weight_decay
-        )
-        updates_per_step = config.ppo_epochs * (config.rollout_batch_size // self.minibatch_size)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            lr_multiplier(config.lr_scheduler, config.warmup_steps, config.steps * updates_per_step),
-        )
-        self.critic_optimizer = (
-            torch.optim.AdamW(self.critic.parameters(), lr=self.algo.critic.learning_rate, betas=config.adam_betas)
-            if self.critic is not None
-            else None
-        )
         self.kl_controller = build_kl_controller(self.algo.kl)
         self.running_baseline = RunningMeanBaseline() if self.algo.baseline == "running_mean" else None
         self.step_count = 0
@@ -177,15 +142,28 @@ class OnlineRL:
             self.running_baseline,
             self.rewards_weights,
         )
-        self.updater = PolicyUpdate(
-            config,
-            self.policy,
-            self.critic,
-            self.optimizer,
-            self.scheduler,
-            self.critic_optimizer,
-            self.kl_controller,
-        )
+        self.updater = PolicyUpdate(config, self.policy, self.critic, self.kl_controller)
+        # the optimisation state, checkpointed with the run
+        self.optimizer, self.scheduler = self.updater.optimizer, self.updater.scheduler
+        self.critic_optimizer = self.updater.critic_optimizer
+
+    def _read_data(
+        self, train_rows: Sequence[dict[str, Any]] | None, held_out_rows: Sequence[dict[str, Any]] | None
+    ) -> tuple[Sequence[dict[str, Any]], str | None]:
+        """(the training rows, the name of the task's own reward): rows with a prompt, any other
+        column reaching the reward functions; the held-out rows kept for evaluation."""
+        config, task_reward = self.config, None
+        if train_rows is None:
+            train_rows, held, task_reward = load_rows(config.data, config.seed)
+            held_out_rows = held if held_out_rows is None else held_out_rows
+        self.rows = list(train_rows)
+        check_enough_rows(self.rows, config.prompts_per_step, "prompts_per_step", config.data)
+        self.held_out = list(held_out_rows or [])[: config.eval_size]
+        self.prompt_column = config.data.prompt_column
+        missing = [i for i, row in enumerate(self.rows) if self.prompt_column not in row]
+        if missing:
+            raise DataError(f"data row {missing[0]} has no {self.prompt_column!r} column (data.prompt_column)")
+        return train_rows, task_reward
 
     # ------------------------------------------------------------------ construction
     def _build_source(self, rows: Sequence[dict[str, Any]]) -> RolloutSource:

@@ -110,7 +110,31 @@ class BatchPreparer:
     def prepare(self, batch: RolloutBatch, metrics: dict[str, float]) -> RolloutBatch:
         """Drop unscored samples (and, for ReMax, prompts whose greedy decode got no reward);
         add π_old, π_ref, values, token rewards and advantages."""
-        algo = self.algo
+        batch = self._usable(batch, metrics)
+        loss_mask = batch.response_mask.clone()
+        if self.algo.mask_truncated:
+            loss_mask[batch.truncated] = 0.0
+        batch.loss_mask = loss_mask
+        if self.recompute_old_logprobs:
+            batch.old_logprobs = self._logprobs(self.policy, batch)
+            # the engine's log-probs are their own stream: how far from the trainer's π_old (on-policy
+            # runs measure it in the update's own forward instead, over the samples it trains on)
+            metrics.update(
+                rollout_mismatch(
+                    batch.old_logprobs, batch.engine_logprobs, batch.response_mask, self.config.rollout.tis_cap
+                )
+            )
+        if self.algo.kl.needs_reference:
+            batch.ref_logprobs = self._reference_logprobs(batch)
+        if self.critic is not None:
+            batch.values = self._values(batch) * batch.response_mask
+        batch.token_rewards = self._token_rewards(batch, metrics)
+        batch.advantages, batch.returns = self._advantages(batch, metrics)
+        return batch
+
+    def _usable(self, batch: RolloutBatch, metrics: dict[str, float]) -> RolloutBatch:
+        """The samples with a score and, where the estimator compares with one, a baseline
+        (set as ``baseline_scores``); the dropped ones are counted in ``metrics``."""
         scored = ~batch.scores.isnan()
         if not bool(scored.all()):
             metrics["reward/unscored_dropped"] = float((~scored).sum())
@@ -126,64 +150,54 @@ class BatchPreparer:
                 "no sample of this batch has a reward (every one is None, NaN, timed out or lacks its greedy "
                 "baseline); see the reward/*/none_fraction and reward/*/failed_fraction metrics"
             )
-        loss_mask = batch.response_mask.clone()
-        if algo.mask_truncated:
-            loss_mask[batch.truncated] = 0.0
-        batch.loss_mask = loss_mask
-        if self.recompute_old_logprobs:
-            batch.old_logprobs = self._logprobs(self.policy, batch)
-            # the engine's log-probs are their own stream: how far from the trainer's π_old (on-policy
-            # runs measure it in the update's own forward instead, over the samples it trains on)
-            metrics.update(
-                rollout_mismatch(
-                    batch.old_logprobs, batch.engine_logprobs, batch.response_mask, self.config.rollout.tis_cap
-                )
-            )
-        if algo.kl.needs_reference:
-            batch.ref_logprobs = self._reference_logprobs(batch)
-        if self.critic is not None:
-            batch.values = self._values(batch) * batch.response_mask
+        batch.baseline_scores = baseline
+        return batch
+
+    def _token_rewards(self, batch: RolloutBatch, metrics: dict[str, float]) -> Tensor:
+        """``[B, T]``: each score on its response's last token, minus β·KL per token where the KL
+        goes in the reward (docs/algorithms.md §3.2); the adaptive controller sees that KL."""
+        kl_section = self.algo.kl
+        if kl_section.placement != "reward":
+            return place_scores_at_last_token(batch.scores, batch.response_mask)
         # the sampling policy's log-probs for the KL penalty: the trainer's π_old where computed,
         # else the engine's own report (one vocabulary: engine_logprobs are what the engine
         # said, old_logprobs the trainer's forward of the same weights, ref_logprobs π_ref)
         sampling_logprobs = batch.old_logprobs if batch.old_logprobs is not None else batch.engine_logprobs
-        if algo.kl.placement == "reward":
-            beta = self.kl_controller.value
-            batch.token_rewards, kl_metrics = shape_token_rewards(
-                batch.scores,
-                sampling_logprobs,
-                batch.ref_logprobs,
-                batch.response_mask,
-                beta,
-                kind=algo.kl.estimator,
-                level=algo.kl.level,
-            )
-            # kl/reward is the controller's input itself (the rollout policy's KL with the run's
-            # estimator, per-sequence token mean); kl/ref, logged by the update, is k3 of the
-            # policy being trained, a different number, so the two keep separate names
-            reward_kl = float(kl_metrics["kl"])
-            metrics["kl/reward"] = reward_kl
-            metrics["kl/coef"] = beta
-            self.kl_controller.update(reward_kl, len(batch))
-        else:
-            batch.token_rewards = place_scores_at_last_token(batch.scores, batch.response_mask)
-        batch.baseline_scores = baseline
-        options = dict(algo.advantage_options)
+        beta = self.kl_controller.value
+        token_rewards, kl_metrics = shape_token_rewards(
+            batch.scores,
+            sampling_logprobs,
+            batch.ref_logprobs,
+            batch.response_mask,
+            beta,
+            kind=kl_section.estimator,
+            level=kl_section.level,
+        )
+        # kl/reward is the controller's input itself (the rollout policy's KL with the run's
+        # estimator, per-sequence token mean); kl/ref, logged by the update, is k3 of the
+        # policy being trained, a different number, so the two keep separate names
+        reward_kl = float(kl_metrics["kl"])
+        metrics["kl/reward"] = reward_kl
+        metrics["kl/coef"] = beta
+        self.kl_controller.update(reward_kl, len(batch))
+        return token_rewards
+
+    def _advantages(self, batch: RolloutBatch, metrics: dict[str, float]) -> tuple[Tensor, Tensor]:
+        """(advantages, returns) of the run's estimator; a non-finite advantage stops the run."""
+        options = dict(self.algo.advantage_options)
         if self.estimator_needs.reward_weights and "component_weights" not in options:
             options["component_weights"] = self.rewards_weights
         # components stay NaN where a reward does not apply to a prompt: GDPO leaves them out
-        components = batch.reward_components
-        batch.advantages, batch.returns = ADVANTAGE_ESTIMATORS[algo.advantage](
+        advantages, returns = ADVANTAGE_ESTIMATORS[self.algo.advantage](
             token_rewards=batch.token_rewards,
             response_mask=batch.response_mask,
             group_ids=batch.group_ids,
             values=batch.values,
             baseline_scores=batch.baseline_scores,
-            reward_components=components,
+            reward_components=batch.reward_components,
             **options,
         )
-        valid = batch.response_mask.bool()
-        adv = batch.advantages[valid]
+        adv = advantages[batch.response_mask.bool()]
         if not bool(torch.isfinite(adv).all()):
             # a NaN advantage would only make its samples look inactive and skip them in silence
             raise TrainingDiverged(
@@ -192,14 +206,10 @@ class BatchPreparer:
                 + (" and the critic's values" if batch.values is not None else "")
             )
         if adv.numel():
-            metrics.update(
-                {
-                    "advantage/mean": float(adv.mean()),
-                    "advantage/std": float(adv.std(unbiased=False)),
-                    "advantage/abs_max": float(adv.abs().max()),
-                }
-            )
-        return batch
+            metrics["advantage/mean"] = float(adv.mean())
+            metrics["advantage/std"] = float(adv.std(unbiased=False))
+            metrics["advantage/abs_max"] = float(adv.abs().max())
+        return advantages, returns
 
     def _baseline(self, batch: RolloutBatch) -> Tensor | None:
         if self.algo.baseline == "running_mean":

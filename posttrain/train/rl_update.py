@@ -17,29 +17,38 @@ from posttrain.errors import TrainingDiverged
 from posttrain.train.rl_batch import RolloutBatch
 from posttrain.train.rl_config import RLRun
 from posttrain.train.rl_prepare import minibatch_size, recompute_old_logprobs, sequence_logprobs
+from posttrain.train.schedule import lr_multiplier
 
 
 class PolicyUpdate:
     """Holds the optimisation state (policy and critic optimizers, the schedule) and applies
     one step's update."""
 
-    def __init__(
-        self,
-        config: RLRun,
-        policy: nn.Module,
-        critic: nn.Module | None,
-        optimizer: torch.optim.Optimizer,
-        scheduler: Any,
-        critic_optimizer: torch.optim.Optimizer | None,
-        kl_controller: Any,
-    ) -> None:
+    def __init__(self, config: RLRun, policy: nn.Module, critic: nn.Module | None, kl_controller: Any) -> None:
         self.config, self.algo = config, config.algorithm
-        self.policy, self.critic = policy, critic
-        self.params = [p for p in policy.parameters() if p.requires_grad]
-        self.optimizer, self.scheduler, self.critic_optimizer = optimizer, scheduler, critic_optimizer
-        self.kl_controller = kl_controller
+        self.policy, self.critic, self.kl_controller = policy, critic, kl_controller
         self.minibatch_size = minibatch_size(config)
         self.recompute_old_logprobs = recompute_old_logprobs(config)
+        self.params = [p for p in policy.parameters() if p.requires_grad]
+        # zero gradients from the start, not None: AdamW skips a parameter whose gradient is
+        # None, so a step that trains no sample (every advantage 0) would move the weights
+        # (momentum, weight decay) after an earlier update in this process but not right after
+        # a resume in a fresh one, and the resumed run would drift from the straight one
+        for param in self.params:
+            param.grad = torch.zeros_like(param)
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=config.learning_rate, betas=config.adam_betas, weight_decay=config.weight_decay
+        )
+        updates_per_step = config.ppo_epochs * (config.rollout_batch_size // self.minibatch_size)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lr_multiplier(config.lr_scheduler, config.warmup_steps, config.steps * updates_per_step),
+        )
+        self.critic_optimizer = (
+            torch.optim.AdamW(critic.parameters(), lr=self.algo.critic.learning_rate, betas=config.adam_betas)
+            if critic is not None
+            else None
+        )
 
     def sequence_logprobs(self, model: nn.Module, batch: RolloutBatch, *, with_entropy: bool = False) -> Any:
         return sequence_logprobs(model, batch, self.config, with_entropy=with_entropy)
@@ -67,13 +76,14 @@ class PolicyUpdate:
         return metrics
 
     def _minibatch_update(self, minibatch: RolloutBatch, step: int) -> dict[str, float]:
-        config, algo = self.config, self.algo
+        """One optimizer step on a minibatch: its micro-batches' gradients accumulated, each
+        weighted by its share of the minibatch's loss tokens; returns the minibatch's metrics."""
         loss_mask = minibatch.loss_mask
-        num_tokens = loss_mask.sum()
-        num_seqs = (loss_mask.sum(-1) > 0).sum()
-        aggregation = {"num_tokens": num_tokens, "num_seqs": num_seqs, "norm_constant": float(config.max_new_tokens)}
-        loss_fn = POLICY_LOSSES[algo.policy_loss]
-        beta = self.kl_controller.value if algo.kl.placement == "loss" else 0.0
+        aggregation = {
+            "num_tokens": loss_mask.sum(),
+            "num_seqs": (loss_mask.sum(-1) > 0).sum(),
+            "norm_constant": float(self.config.max_new_tokens),
+        }
         # zeroed rather than freed: a minibatch whose samples are all skipped still takes the
         # optimizer step the full computation would take (zero gradient, Adam moments decaying)
         self.optimizer.zero_grad(set_to_none=False)
@@ -81,7 +91,7 @@ class PolicyUpdate:
             self.critic_optimizer.zero_grad(set_to_none=True)
         trained = self._samples_with_gradient(minibatch)
         trained_tokens = max(float(trained.loss_mask.sum()), 1.0)
-        size = config.micro_batch_size or len(minibatch)
+        size = self.config.micro_batch_size or len(minibatch)
         sums: dict[str, float] = {
             "train/active_fraction": len(trained) / max(len(minibatch), 1),
             "loss/total": 0.0,
@@ -90,59 +100,7 @@ class PolicyUpdate:
         for start in range(0, len(trained), size):
             micro = trained.select(torch.arange(start, min(start + size, len(trained)))).trimmed()
             share = float(micro.loss_mask.sum()) / trained_tokens
-            logprobs, entropy = self.sequence_logprobs(self.policy, micro, with_entropy=True)
-            old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
-            options = dict(algo.loss_options)
-            if config.rollout.tis_cap is not None:  # π_old/π_rollout: the engine sampled, not π_old
-                options["weights"] = truncated_is_weights(old, micro.engine_logprobs, config.rollout.tis_cap)
-            policy_loss, loss_metrics = loss_fn(
-                logprobs=logprobs,
-                old_logprobs=old,
-                advantages=micro.advantages,
-                response_mask=micro.loss_mask,
-                agg_mode=algo.agg_mode,
-                **aggregation,
-                **options,
-            )
-            kl = None
-            if micro.ref_logprobs is not None and algo.kl.placement == "loss":
-                kl = kl_estimate(logprobs, micro.ref_logprobs, algo.kl.estimator, response_mask=micro.loss_mask)
-            total, actor_metrics = actor_loss(
-                policy_loss,
-                micro.loss_mask,
-                entropy=entropy if algo.entropy_coef else entropy.detach(),
-                entropy_coef=algo.entropy_coef,
-                kl=kl,
-                kl_coef=beta,
-                agg_mode=algo.agg_mode,
-                **aggregation,
-            )
-            if not torch.isfinite(total):
-                raise TrainingDiverged(
-                    f"step {step}: the RL loss is {float(total)}; the last complete checkpoint is kept. Lower "
-                    f"learning_rate (now {config.learning_rate:g}) or check the rewards of this batch."
-                )
-            total.backward()
-            with torch.no_grad():
-                micro_metrics = {
-                    "loss/total": float(total),
-                    "loss/policy": float(actor_metrics["policy"]),
-                    "policy/entropy": float(actor_metrics["entropy"]),
-                    **{f"policy/{k}": float(v) for k, v in loss_metrics.items()},
-                }
-                if "kl" in actor_metrics:
-                    micro_metrics["loss/kl"] = float(actor_metrics["kl"])
-                if micro.ref_logprobs is not None:
-                    micro_metrics["kl/ref"] = float(
-                        masked_mean(kl_estimate(logprobs, micro.ref_logprobs, "k3"), micro.response_mask)
-                    )
-                micro_metrics["policy/engine_logprob_gap"] = float(
-                    masked_mean((old - micro.engine_logprobs).abs(), micro.response_mask)
-                )
-                if micro.old_logprobs is None:  # on-policy: this forward is π_old, no extra pass needed
-                    micro_metrics.update(
-                        rollout_mismatch(old, micro.engine_logprobs, micro.response_mask, config.rollout.tis_cap)
-                    )
+            micro_metrics = self._micro_backward(micro, aggregation, step)
             if self.critic is not None:
                 micro_metrics.update(self._critic_loss(micro, share))
             for key, value in micro_metrics.items():
@@ -152,16 +110,79 @@ class PolicyUpdate:
                 # sums-of-means in proportion to each micro-batch's tokens: the minibatch mean
                 weight = 1.0 if key in ("loss/total", "loss/policy", "loss/kl") else share
                 sums[key] = sums.get(key, 0.0) + value * weight
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm or math.inf))
+        sums["policy/grad_norm"] = self._optimizer_step(step)
+        return sums
+
+    def _micro_backward(self, micro: RolloutBatch, aggregation: dict[str, Any], step: int) -> dict[str, float]:
+        """The actor loss of one micro-batch (policy loss, KL, entropy), backpropagated; its metrics."""
+        config, algo = self.config, self.algo
+        logprobs, entropy = self.sequence_logprobs(self.policy, micro, with_entropy=True)
+        old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
+        options = dict(algo.loss_options)
+        if config.rollout.tis_cap is not None:  # π_old/π_engine: the engine sampled, not π_old
+            options["weights"] = truncated_is_weights(old, micro.engine_logprobs, config.rollout.tis_cap)
+        policy_loss, loss_metrics = POLICY_LOSSES[algo.policy_loss](
+            logprobs=logprobs,
+            old_logprobs=old,
+            advantages=micro.advantages,
+            response_mask=micro.loss_mask,
+            agg_mode=algo.agg_mode,
+            **aggregation,
+            **options,
+        )
+        kl = None
+        if micro.ref_logprobs is not None and algo.kl.placement == "loss":
+            kl = kl_estimate(logprobs, micro.ref_logprobs, algo.kl.estimator, response_mask=micro.loss_mask)
+        total, actor_metrics = actor_loss(
+            policy_loss,
+            micro.loss_mask,
+            entropy=entropy if algo.entropy_coef else entropy.detach(),
+            entropy_coef=algo.entropy_coef,
+            kl=kl,
+            kl_coef=self.kl_controller.value if algo.kl.placement == "loss" else 0.0,
+            agg_mode=algo.agg_mode,
+            **aggregation,
+        )
+        if not torch.isfinite(total):
+            raise TrainingDiverged(
+                f"step {step}: the RL loss is {float(total)}; the last complete checkpoint is kept. Lower "
+                f"learning_rate (now {config.learning_rate:g}) or check the rewards of this batch."
+            )
+        total.backward()
+        with torch.no_grad():
+            metrics = {
+                "loss/total": float(total),
+                "loss/policy": float(actor_metrics["policy"]),
+                "policy/entropy": float(actor_metrics["entropy"]),
+                **{f"policy/{k}": float(v) for k, v in loss_metrics.items()},
+            }
+            if "kl" in actor_metrics:
+                metrics["loss/kl"] = float(actor_metrics["kl"])
+            if micro.ref_logprobs is not None:
+                metrics["kl/ref"] = float(
+                    masked_mean(kl_estimate(logprobs, micro.ref_logprobs, "k3"), micro.response_mask)
+                )
+            metrics["policy/engine_logprob_gap"] = float(
+                masked_mean((old - micro.engine_logprobs).abs(), micro.response_mask)
+            )
+            if micro.old_logprobs is None:  # on-policy: this forward is π_old, no extra pass needed
+                metrics.update(
+                    rollout_mismatch(old, micro.engine_logprobs, micro.response_mask, config.rollout.tis_cap)
+                )
+        return metrics
+
+    def _optimizer_step(self, step: int) -> float:
+        """Clip, step the policy (and critic) optimizers and the schedule; the policy's gradient norm."""
+        max_norm = self.config.max_grad_norm or math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
         if not math.isfinite(grad_norm):
             raise TrainingDiverged(f"step {step}: the policy gradient norm is {grad_norm}; lower learning_rate")
         self.optimizer.step()
         self.scheduler.step()
         if self.critic_optimizer is not None:
-            torch.nn.utils.clip_grad_norm_(self.critic.parameters(), config.max_grad_norm or math.inf)
+            torch.nn.utils.clip_grad_norm_(self.critic.parameters(), max_norm)
             self.critic_optimizer.step()
-        sums["policy/grad_norm"] = grad_norm
-        return sums
+        return grad_norm
 
     def _samples_with_gradient(self, minibatch: RolloutBatch) -> RolloutBatch:
         """The samples whose loss can have a gradient.
