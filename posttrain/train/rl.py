@@ -94,14 +94,7 @@ class OnlineRL:
         echo: Echo = print,
     ) -> None:
         self.config, self.algo, self.echo = config, config.algorithm, echo
-        # everything a user can get wrong is checked before the policy loads: the run folder and
-        # resume point (run_dir.py), the model folder, the data, the reward functions
-        start_point(config.output_dir, config.resume, config.overwrite, dump_config(config))
-        check_report_to(config.report_to)
-        if model is None:
-            check_model_source(config.model)
-        if config.rollout.replay is not None:
-            check_replay_folder(config.rollout.replay, config.steps)
+        _check_before_loading(config, model_given=model is not None)
         if config.threads:
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
@@ -133,15 +126,8 @@ class OnlineRL:
         self.warnings = StepWarnings(echo, max_new_tokens=config.max_new_tokens)
 
         # the step's two stages after the source: preparation, then the update
-        self.preparer = BatchPreparer(
-            config,
-            self.policy,
-            self.reference,
-            self.critic,
-            self.kl_controller,
-            self.running_baseline,
-            self.rewards_weights,
-        )
+        models = (self.policy, self.reference, self.critic)
+        self.preparer = BatchPreparer(config, *models, self.kl_controller, self.running_baseline, self.rewards_weights)
         self.updater = PolicyUpdate(config, self.policy, self.critic, self.kl_controller)
         # the optimisation state, checkpointed with the run
         self.optimizer, self.scheduler = self.updater.optimizer, self.updater.scheduler
@@ -361,6 +347,18 @@ class OnlineRL:
         self.source.sync_weights(int(state["step"]))
         self.echo(f"[resume] step {state['step']} restored from {path}")
         return int(state["step"])
+
+
+def _check_before_loading(config: RLRun, *, model_given: bool) -> None:
+    """What a user can get wrong and can be checked before the policy loads (the data and the
+    rewards follow, still before it): the run folder and resume point (run_dir.py), the metric
+    sinks, the model folder, a recording to replay."""
+    start_point(config.output_dir, config.resume, config.overwrite, dump_config(config))
+    check_report_to(config.report_to)
+    if not model_given:
+        check_model_source(config.model)
+    if config.rollout.replay is not None:
+        check_replay_folder(config.rollout.replay, config.steps)
 
 
 def run_rl(
