@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 TRAINING_COMMANDS = {
     "sft": ("supervised fine-tuning (cold start) on prompt/completion or conversational data", "SFTRun", "run_sft"),
@@ -176,7 +177,13 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--options", action="store_true", help="list every config key with its default and meaning")
         sub.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. steps=200 model.path=runs/sft/final")
         sub.set_defaults(handler=_train)
+    _add_eval(commands, debug)
+    _add_models(commands, debug)
+    _add_demo(commands, debug)
+    return parser
 
+
+def _add_eval(commands: Any, debug: argparse.ArgumentParser) -> None:
     evaluate = commands.add_parser(
         "eval", parents=[debug], help="greedy accuracy and pass@k of a model folder on a built-in task"
     )
@@ -200,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--seed", type=int, default=0, help="seeds the held-out set and sampling")
     evaluate.set_defaults(handler=_eval)
 
+
+def _add_models(commands: Any, debug: argparse.ArgumentParser) -> None:
     models = commands.add_parser("models", parents=[debug], help="model files: import-gguf")
     model_commands = models.add_subparsers(
         title="model commands", dest="model_command", metavar="COMMAND", required=True
@@ -216,6 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
     gguf.add_argument("out_dir", help="the folder to write")
     gguf.set_defaults(handler=_import_gguf)
 
+
+def _add_demo(commands: Any, debug: argparse.ArgumentParser) -> None:
     demo = commands.add_parser(
         "demo",
         parents=[debug],
@@ -235,7 +246,6 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-baseline", action="store_true", help="skip the continued-SFT comparison")
     demo.add_argument("--threads", type=int, default=None, help="torch threads; every available core if not given")
     demo.set_defaults(handler=_demo)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
