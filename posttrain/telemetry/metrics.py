@@ -27,6 +27,19 @@ class MetricsLogger:
     files describe one consistent run.
     """
 
+    @classmethod
+    def for_run(cls, run_dir: str | Path, config: Any, start_step: int) -> MetricsLogger:
+        """The logger of a training run from its config's ``report_to`` and ``run_name`` (every
+        loop's config has both), continuing after ``start_step`` when it resumes."""
+        return cls(
+            run_dir,
+            resume_step=start_step if start_step else None,
+            tensorboard="tensorboard" in config.report_to,
+            wandb="wandb" in config.report_to,
+            run_name=config.run_name,
+            config=config.model_dump(mode="json"),
+        )
+
     def __init__(
         self,
         run_dir: str | Path,

@@ -133,24 +133,12 @@ def train_offline(
     resume_from = prepare_run_dir(out, config.resume, config.overwrite, config_yaml)
     model = objective.model
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        params, lr=config.learning_rate, betas=config.adam_betas, weight_decay=config.weight_decay
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_multiplier(config.lr_scheduler, config.warmup_steps, config.steps, config.min_lr_ratio)
-    )
+    optimizer, scheduler = _optimizer_and_schedule(params, config)
     sampler = EpochSampler(len(examples), config.batch_size, config.seed)
     start_step = _maybe_resume(config, resume_from, model, optimizer, scheduler, sampler)
 
     history: list[dict[str, float]] = []
-    logger = MetricsLogger(
-        out,
-        resume_step=start_step if start_step else None,
-        tensorboard="tensorboard" in config.report_to,
-        wandb="wandb" in config.report_to,
-        run_name=config.run_name,
-        config=config.model_dump(mode="json"),
-    )
+    logger = MetricsLogger.for_run(out, config, start_step)
     progress = Progress(config.steps, keys=progress_keys, every=config.log_every, label=label, start=start_step)
     try:
         if evaluate is not None and start_step == 0:
@@ -169,20 +157,9 @@ def train_offline(
             history.append({"step": step, **metrics})
             progress.update(step, metrics)
             if (config.save_every and step % config.save_every == 0) or step == config.steps:
-                save_checkpoint(
-                    out,
-                    step,
-                    model=model,
-                    tokenizer=objective.tokenizer,
-                    config_yaml=config_yaml,
-                    keep_last=config.keep_last,
-                    training_state={
-                        "optimizer": optimizer.state_dict(),
-                        "scheduler": scheduler.state_dict(),
-                        "sampler": sampler.state_dict(),
-                    },
-                )
-        if evaluate is not None:
+                state = {"optimizer": optimizer, "scheduler": scheduler, "sampler": sampler}
+                _save(out, step, objective, config, config_yaml, state)
+        if evaluate is not None:  # the final evaluation, logged with the last step
             final_eval = {f"eval/{k}": v for k, v in evaluate().items()}
             logger.log(config.steps, final_eval)
             if history:
@@ -197,6 +174,28 @@ def train_offline(
         progress.close()
         logger.close()
     return history
+
+
+def _save(out: Path, step: int, objective: Objective, config: LoopConfig, config_yaml: str | None, state: dict) -> None:
+    """The checkpoint of ``step``: the model, its tokenizer and the state dicts of ``state``."""
+    save_checkpoint(
+        out,
+        step,
+        model=objective.model,
+        tokenizer=objective.tokenizer,
+        config_yaml=config_yaml,
+        keep_last=config.keep_last,
+        training_state={name: part.state_dict() for name, part in state.items()},
+    )
+
+
+def _optimizer_and_schedule(params: list[torch.nn.Parameter], config: LoopConfig) -> tuple[Any, Any]:
+    """AdamW over the trainable parameters and its learning-rate schedule (``schedule.py``)."""
+    optimizer = torch.optim.AdamW(
+        params, lr=config.learning_rate, betas=config.adam_betas, weight_decay=config.weight_decay
+    )
+    multiplier = lr_multiplier(config.lr_scheduler, config.warmup_steps, config.steps, config.min_lr_ratio)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
 
 
 @torch.no_grad()

@@ -201,14 +201,7 @@ class OnlineRL:
         config_yaml = dump_config(config)
         start = self._maybe_resume(prepare_run_dir(self.out, config.resume, config.overwrite, config_yaml, self.echo))
         history: list[dict[str, float]] = []
-        logger = MetricsLogger(
-            self.out,
-            resume_step=start if start else None,
-            tensorboard="tensorboard" in config.report_to,
-            wandb="wandb" in config.report_to,
-            run_name=config.run_name,
-            config=config.model_dump(mode="json"),
-        )
+        logger = MetricsLogger.for_run(self.out, config, start)
         progress = Progress(config.steps, keys=PROGRESS_KEYS, every=config.log_every, label="rl", start=start)
         self.source.start()  # worker start-up is not charged to the first step's reward time
         try:
