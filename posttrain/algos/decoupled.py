@@ -58,26 +58,16 @@ def decoupled_ppo(
     trust_ratio = _ratio(logprobs, proximal_logprobs, log_ratio_clamp)
     per_token, clipped, dual_clipped = clipped_surrogate(trust_ratio, advantages, clip_low, clip_high, clip_c)
 
-    behaviour_log_ratio = (proximal_logprobs - old_logprobs).detach()
-    if weight_level == "sequence":
-        # geometric mean of the token weights: one weight (and one keep/drop) per sequence
-        behaviour_log_ratio = masked_mean(behaviour_log_ratio, response_mask, dim=-1).unsqueeze(-1)
-        behaviour_log_ratio = behaviour_log_ratio.expand_as(proximal_logprobs)
-    elif weight_level != "token":
-        raise ValueError(f"unknown weight_level {weight_level!r}; valid: token, sequence")
-    if log_ratio_clamp is not None:
-        behaviour_log_ratio = behaviour_log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
-    weight = torch.exp(behaviour_log_ratio)
-    kept = torch.ones_like(response_mask, dtype=torch.bool)
-    if behaviour_weight == "none":
-        weight = torch.ones_like(weight)
-    elif behaviour_weight == "clamp":
-        weight = weight.clamp(min=0.0 if weight_floor is None else weight_floor, max=weight_cap)
-    else:
-        if weight_cap is not None:
-            kept &= weight <= weight_cap
-        if weight_floor is not None:
-            kept &= weight >= weight_floor
+    weight, kept = behaviour_weights(
+        proximal_logprobs,
+        old_logprobs,
+        response_mask,
+        behaviour_weight,
+        weight_cap,
+        weight_floor,
+        weight_level,
+        log_ratio_clamp,
+    )
     # masked-out tokens contribute 0 to the sum but still count in the denominator
     per_token = torch.where(kept, per_token * weight, torch.zeros_like(per_token))
     with torch.no_grad():
@@ -90,3 +80,39 @@ def decoupled_ppo(
             "behaviour_weight_mean": masked_mean(weight, response_mask),
         }
     return per_token, metrics
+
+
+def behaviour_weights(
+    proximal_logprobs: Tensor,
+    behaviour_logprobs: Tensor,
+    response_mask: Tensor,
+    mode: str,
+    cap: float | None,
+    floor: float | None,
+    level: str,
+    log_ratio_clamp: float | None,
+) -> tuple[Tensor, Tensor]:
+    """(w, kept) of :func:`decoupled_ppo`: w_t = sg(exp(ℓ_prox − ℓ_behav)) per token, or per
+    sequence as the geometric mean of its tokens' (``level="sequence"``); with ``mode="mask"``
+    the tokens whose w lies outside [floor, cap] are not kept, ``"clamp"`` clips w into that
+    range, ``"none"`` gives w = 1."""
+    log_ratio = (proximal_logprobs - behaviour_logprobs).detach()
+    if level == "sequence":
+        # geometric mean of the token weights: one weight (and one keep/drop) per sequence
+        log_ratio = masked_mean(log_ratio, response_mask, dim=-1).unsqueeze(-1).expand_as(proximal_logprobs)
+    elif level != "token":
+        raise ValueError(f"unknown weight_level {level!r}; valid: token, sequence")
+    if log_ratio_clamp is not None:
+        log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
+    weight = torch.exp(log_ratio)
+    kept = torch.ones_like(response_mask, dtype=torch.bool)
+    if mode == "none":
+        weight = torch.ones_like(weight)
+    elif mode == "clamp":
+        weight = weight.clamp(min=0.0 if floor is None else floor, max=cap)
+    else:
+        if cap is not None:
+            kept &= weight <= cap
+        if floor is not None:
+            kept &= weight >= floor
+    return weight, kept
