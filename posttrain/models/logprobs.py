@@ -213,9 +213,12 @@ def shared_prompt_logprobs(
     responses and G = 8 this does about a third of the full forward's work; values equal the
     full forward's up to float rounding (tests/models/test_logprobs.py).
 
-    Needs a model that accepts ``past_key_values`` as a transformers ``DynamicCache``.
+    Needs a model that accepts a transformers ``DynamicCache`` (``cache``, or ``past_key_values``
+    before transformers 5.2x).
     """
     from transformers import DynamicCache
+
+    from posttrain.models.cache import cache_argument, returned_cache
 
     if response_ids.shape[1] == 0:
         empty = response_ids.new_zeros(response_ids.shape, dtype=torch.float32)
@@ -226,11 +229,11 @@ def shared_prompt_logprobs(
         input_ids=prompt_ids,
         attention_mask=prompt_mask,
         position_ids=positions,
-        past_key_values=cache,
         use_cache=True,
         logits_to_keep=1,
+        **cache_argument(model, cache),
     )
-    cache = prompt_out.past_key_values
+    cache = returned_cache(prompt_out)
     cache.batch_select_indices(prompt_index)
     first_logits = prompt_out.logits[:, -1][prompt_index]  # predicts response token 0
     width = response_ids.shape[1]
@@ -243,8 +246,8 @@ def shared_prompt_logprobs(
             input_ids=response_ids[:, :-1],
             attention_mask=attention[:, :-1],
             position_ids=response_positions[:, :-1],
-            past_key_values=cache,
             use_cache=True,
+            **cache_argument(model, cache),
         )
         logits = torch.cat([logits, out.logits], dim=1)  # position t predicts response token t
     logprobs, entropies = token_logprobs_and_entropies(

@@ -7,10 +7,12 @@ import inspect
 import torch
 from torch import Tensor, nn
 
+from posttrain.models.cache import cache_argument, returned_cache
+
 
 class TransformersDecoder:
     """Same interface as :class:`posttrain.rollout.native.NativeDecoder`, using the model's
-    own forward and ``past_key_values`` cache. Right for any causal LM (adapters, sliding
+    own forward and KV cache. Right for any causal LM (adapters, sliding
     windows, other rotary variants); slower at small sizes, where per-step overhead rules."""
 
     def __init__(self, model: nn.Module) -> None:
@@ -27,11 +29,11 @@ class TransformersDecoder:
             input_ids=input_ids,
             attention_mask=self.attention_mask,
             position_ids=positions,
-            past_key_values=past,
             use_cache=True,
+            **cache_argument(self.model, past),
             **extra,
         )
-        self.cache = out.past_key_values
+        self.cache = returned_cache(out)
         return out.logits[:, -1]
 
     @torch.inference_mode()
