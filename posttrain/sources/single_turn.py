@@ -53,6 +53,9 @@ class SingleTurnSource:
         self.prompt_column = config.data.prompt_column
         self.rows, self.prompt_ids = self._prompts_within_context(rows, context_limit)
         self.sampler = EpochSampler(len(self.rows), config.prompts_per_step, config.seed)
+        # the lowest score seen in the run: a batch whose every score is the best one is "every
+        # prompt learned" only if lower scores were ever seen (else the reward may be constant)
+        self.lowest_score = math.inf
 
     def _prompts_within_context(
         self, rows: Sequence[dict[str, Any]], limit: int | None
@@ -87,10 +90,12 @@ class SingleTurnSource:
 
     def state_dict(self) -> dict[str, Any]:
         # the keys checkpoints have always used, so runs saved before sources existed resume
-        return {"sampler": self.sampler.state_dict(), "rewards": self.rewards.state_dict()}
+        state = {"sampler": self.sampler.state_dict(), "rewards": self.rewards.state_dict()}
+        return {**state, "lowest_score": self.lowest_score}
 
     def load_state_dict(self, state: dict[str, Any]) -> list[str]:
         self.sampler.load_state_dict(state["sampler"])
+        self.lowest_score = float(state.get("lowest_score", math.inf))  # absent before session 26
         return [f"reward {name!r}" for name in self.rewards.load_state_dict(state.get("rewards", {}))]
 
     def start(self) -> None:
@@ -190,7 +195,10 @@ class SingleTurnSource:
             metrics["reward/accuracy"] = float(valid.mean())
         if present.any():
             stats = group_stats(valid, batch.group_ids[present])
-            zero, at_max = _zero_variance_shares(stats.std, stats.size, valid, batch.group_ids[present])
+            self.lowest_score = min(self.lowest_score, float(valid.min()))
+            zero, at_max = _zero_variance_shares(
+                stats.std, stats.size, valid, batch.group_ids[present], self.lowest_score
+            )
             metrics["reward/zero_variance_group_fraction"] = zero
             metrics["reward/zero_variance_at_max_fraction"] = at_max
         return metrics
@@ -226,16 +234,19 @@ def _groups_with_signal(batch: RolloutBatch) -> Tensor:
     return torch.isin(batch.group_ids, batch.group_ids[scored][keep])
 
 
-def _zero_variance_shares(std: Tensor, size: Tensor, scores: Tensor, group_ids: Tensor) -> tuple[float, float]:
+def _zero_variance_shares(
+    std: Tensor, size: Tensor, scores: Tensor, group_ids: Tensor, lowest_seen: float
+) -> tuple[float, float]:
     """(share of groups of more than one sample whose rewards are all equal, share of those
     equal groups sitting at the batch's highest reward — prompts the policy has learned).
 
-    A batch whose every score is the same shows no such thing: a reward that went flat (or a
-    constant one past ``preflight=false``) would otherwise read as every prompt learned and
-    silence the warnings about it, so no group counts as learned then."""
+    "Learned" needs a reward that has been lower before (``lowest_seen``, over the run): a
+    reward that is constant (or went flat) gives batches whose every score is the batch's best,
+    and reading those as every prompt learned would silence the warnings about it; a policy
+    that solves every prompt of a batch after earlier failures has learned them."""
     _, first = torch.unique(group_ids, return_inverse=True)
     best = float(scores.max())
-    spread = float(scores.min()) < best
+    spread = lowest_seen < best
     equal: dict[int, bool] = {}
     solved: dict[int, bool] = {}
     for index, group in enumerate(first.tolist()):

@@ -52,6 +52,19 @@ def test_step_warnings_name_the_cause_once_per_window(tmp_path):
     assert not [line for line in lines if "same reward" in line or "every advantage is 0" in line]
 
 
+def test_a_policy_that_solves_every_prompt_after_failing_is_not_warned_about(tmp_path):
+    # step 1 scores vary; from step 2 every sample gets the best score: learned, not a flat reward
+    calls = []
+
+    def solved_after_the_first_batch(prompts, completions, completion_ids, **columns):
+        calls.append(1)
+        return vowel_share(prompts, completions, completion_ids) if len(calls) == 1 else [1.0] * len(completions)
+
+    history, lines, _ = train(tmp_path, "solved", ["steps=3"], rewards=(solved_after_the_first_batch,))
+    assert [m["reward/zero_variance_at_max_fraction"] for m in history[1:]] == [1.0, 1.0]
+    assert not [line for line in lines if "same reward" in line or "every advantage is 0" in line]
+
+
 def test_mask_truncated_leaves_cut_completions_out_of_the_gradient(tmp_path):
     # one new token: every completion that is not a lone EOS is cut by max_new_tokens
     common = ["steps=3", "max_new_tokens=1"]
