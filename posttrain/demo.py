@@ -13,9 +13,10 @@ Nothing is downloaded. A character tokenizer and a tiny Llama are built here, th
 Greedy exact match on 500 held-out names (the nine manual names first) is printed after SFT
 and after RL, with the lecture's table. Run directory::
 
-    sft/            metrics.jsonl, final/ (the SFT model, an HF folder)
+    sft/            the SFT run (the offline loop of ``posttrain sft``): metrics.jsonl,
+                    checkpoints/, final/ (the SFT model, an HF folder), report.html
     rl/             the RL run: metrics.jsonl, samples.jsonl, report.html, final/
-    sft_continued/  metrics.jsonl of the baseline
+    sft_continued/  the baseline's SFT run, laid out as sft/
     report.html     the comparison: accuracy against training time, both tables
     summary.json    every number printed
 """
@@ -40,12 +41,11 @@ from posttrain.evaluate import EvalResult, evaluate, sample_completions
 from posttrain.models.tiny import build_tiny_causal_lm
 from posttrain.models.tokenizers import build_char_tokenizer
 from posttrain.rollout.types import SamplingParams
-from posttrain.telemetry import MetricsLogger
 from posttrain.telemetry.report import comparison_plot, write_report
-from posttrain.train.checkpoint import quiet_progress_bars
+from posttrain.train.offline import LoopConfig, train_offline
 from posttrain.train.rl import OnlineRL
 from posttrain.train.rl_config import RLRun, read_preset
-from posttrain.train.sft import SFTConfig, train_sft
+from posttrain.train.sft import SFTObjective
 
 Echo = Callable[[str], None]
 
@@ -134,6 +134,20 @@ def sampled_accuracy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
     return sum(r for r in rewards if r is not None) / len(rewards)
 
 
+def _sft_loop_config(config: DemoConfig, out: Path, steps: int, seed: int) -> LoopConfig:
+    """The demo's SFT settings: 32 rows a step at 1e-3 after 20 warm-up steps, constant rate."""
+    return LoopConfig(
+        steps=steps,
+        batch_size=32,
+        learning_rate=1e-3,
+        warmup_steps=20,
+        seed=seed,
+        output_dir=str(out),
+        overwrite=True,  # the demo redoes its own stages when run again
+        report_to=[],
+    )
+
+
 def _sft_stage(
     config: DemoConfig,
     model: PreTrainedModel,
@@ -143,39 +157,34 @@ def _sft_stage(
     out: Path,
     echo: Echo,
 ) -> dict[str, Any]:
-    """SFT with an early stop on validation exact match; metrics to sft/metrics.jsonl."""
-    sft_config = SFTConfig(
-        steps=config.sft_max_steps, batch_size=32, learning_rate=1e-3, warmup_steps=20, seed=config.seed
-    )
+    """SFT (the offline loop) with an early stop on validation exact match; the run in ``out``."""
     state: dict[str, Any] = {"validation": 0.0, "eval_s": 0.0, "steps": 0}
-    with MetricsLogger(out, tensorboard=False) as logger:
 
-        def on_step(metrics: dict[str, float]) -> bool:
-            step = int(metrics["step"])
-            state["steps"] = step
-            record = {k: v for k, v in metrics.items() if k != "step"}
-            stop = False
-            if step % config.sft_check_every == 0 and step >= 60:
-                t0 = time.perf_counter()
-                state["validation"] = evaluate(model, tokenizer, validation, reverse_reward).accuracy
-                model.train()
-                state["eval_s"] += time.perf_counter() - t0
-                record["eval/validation_accuracy"] = state["validation"]
-                stop = state["validation"] >= config.sft_stop_accuracy
-            logger.log(step, record)
-            if step % config.log_every == 0 or stop:
-                echo(
-                    f"[sft] step {step:>4}  loss {metrics['loss/sft']:.4f}  validation exact match "
-                    f"{100 * state['validation']:.0f}%  elapsed {metrics['time/elapsed_s']:.1f} s"
-                )
-            return stop
+    def on_step(step: int, metrics: dict[str, float]) -> bool:
+        state["steps"] = step
+        stop = False
+        if step % config.sft_check_every == 0 and step >= 60:
+            t0 = time.perf_counter()
+            state["validation"] = evaluate(model, tokenizer, validation, reverse_reward).accuracy
+            state["eval_s"] += time.perf_counter() - t0
+            metrics["eval/validation_accuracy"] = state["validation"]
+            stop = state["validation"] >= config.sft_stop_accuracy
+        if step % config.log_every == 0 or stop:
+            echo(
+                f"[sft] step {step:>4}  loss {metrics['loss/sft']:.4f}  validation exact match "
+                f"{100 * state['validation']:.0f}%  elapsed {metrics['time/elapsed_s']:.1f} s"
+            )
+        return stop
 
-        history = train_sft(model, tokenizer, labelled, sft_config, on_step=on_step)
+    objective = SFTObjective(model, tokenizer)
+    loop = _sft_loop_config(config, out, config.sft_max_steps, config.seed)
+    history = train_offline(objective, _encoded(objective, labelled), loop, on_step=on_step, show_progress=False)
     seconds = history[-1]["time/elapsed_s"] - state["eval_s"] if history else 0.0
-    with quiet_progress_bars():
-        model.save_pretrained(out / "final")
-    tokenizer.save_pretrained(out / "final")
     return {"steps": state["steps"], "validation_accuracy": state["validation"], "train_seconds": seconds}
+
+
+def _encoded(objective: SFTObjective, rows: list[dict]) -> list[Any]:
+    return [objective.encode(row) for row in rows]
 
 
 def _rl_config(config: DemoConfig, out: Path) -> RLRun:
@@ -210,6 +219,29 @@ def _rl_config(config: DemoConfig, out: Path) -> RLRun:
     )
 
 
+def _rl_stage(
+    config: DemoConfig,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[dict],
+    test_rows: list[dict],
+    out: Path,
+    echo: Echo,
+) -> tuple[list[dict[str, float]], EvalResult]:
+    """GRPO on the unlabelled prompts (the RL loop, in ``out``): its metrics and last evaluation."""
+    rl = OnlineRL(
+        _rl_config(config, out),
+        model=model,
+        tokenizer=tokenizer,
+        reward_functions=[reverse_reward],
+        train_rows=prompts,
+        held_out_rows=test_rows,
+        echo=echo,
+    )
+    history = rl.run()
+    return history, rl.last_eval
+
+
 def _baseline_stage(
     config: DemoConfig,
     tokenizer: PreTrainedTokenizerBase,
@@ -229,30 +261,39 @@ def _baseline_stage(
     state = {"eval_s": 0.0}
     interval = max(budget_s / 6, 1.0)
     next_eval = interval
-    sft_config = SFTConfig(steps=10**6, batch_size=32, learning_rate=1e-3, warmup_steps=20, seed=config.seed + 1)
-    with MetricsLogger(out, tensorboard=False) as logger:
 
-        def on_step(metrics: dict[str, float]) -> bool:
-            nonlocal next_eval
-            trained = metrics["time/elapsed_s"] - state["eval_s"]
-            record = {k: v for k, v in metrics.items() if k != "step"}
-            done = trained >= budget_s
-            if trained >= next_eval or done:
-                t0 = time.perf_counter()
-                accuracy = evaluate(model, tokenizer, test_rows, reverse_reward).accuracy
-                model.train()
-                state["eval_s"] += time.perf_counter() - t0
-                points.append((trained, accuracy))
-                record["eval/accuracy"] = accuracy
-                next_eval += interval
-                echo(
-                    f"[sft-continued] {trained:5.1f} s of {budget_s:.0f} s  held-out exact match {100 * accuracy:.1f}%"
-                )
-            logger.log(int(metrics["step"]), record)
-            return done
+    def on_step(step: int, metrics: dict[str, float]) -> bool:
+        nonlocal next_eval
+        trained = metrics["time/elapsed_s"] - state["eval_s"]
+        done = trained >= budget_s
+        if trained >= next_eval or done:
+            t0 = time.perf_counter()
+            accuracy = evaluate(model, tokenizer, test_rows, reverse_reward).accuracy
+            state["eval_s"] += time.perf_counter() - t0
+            points.append((trained, accuracy))
+            metrics["eval/accuracy"] = accuracy
+            next_eval += interval
+            echo(f"[sft-continued] {trained:5.1f} s of {budget_s:.0f} s  held-out exact match {100 * accuracy:.1f}%")
+        return done
 
-        train_sft(model, tokenizer, labelled, sft_config, on_step=on_step)
+    objective = SFTObjective(model, tokenizer)
+    loop = _sft_loop_config(config, out, 10**6, config.seed + 1)  # stopped by the time budget
+    train_offline(objective, _encoded(objective, labelled), loop, on_step=on_step, show_progress=False)
     return points
+
+
+def _demo_rows(config: DemoConfig) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
+    """Disjoint names: (validation, labelled, unlabelled prompts, held-out test), seeded."""
+    train_names, test_names = split_names(
+        config.n_validation + config.n_labelled + config.n_unlabelled, config.n_test, seed=config.seed
+    )
+    validation = make_rows(train_names[: config.n_validation])
+    labelled = make_rows(train_names[config.n_validation : config.n_validation + config.n_labelled])
+    # RL sees prompts only: the answers of this pool are never used
+    unlabelled = [
+        {"prompt": row["prompt"]} for row in make_rows(train_names[config.n_validation + config.n_labelled :])
+    ]
+    return validation, labelled, unlabelled, make_rows(test_names)
 
 
 def run_demo(config: DemoConfig, echo: Echo = print) -> dict[str, Any]:
@@ -267,16 +308,7 @@ def run_demo(config: DemoConfig, echo: Echo = print) -> dict[str, Any]:
     model = build_tiny_causal_lm(
         len(tokenizer), arch="llama", layers=2, hidden=128, heads=4, seed=config.seed, tokenizer=tokenizer
     )
-    train_names, test_names = split_names(
-        config.n_validation + config.n_labelled + config.n_unlabelled, config.n_test, seed=config.seed
-    )
-    validation = make_rows(train_names[: config.n_validation])
-    labelled = make_rows(train_names[config.n_validation : config.n_validation + config.n_labelled])
-    # RL sees prompts only: the answers of this pool are never used
-    unlabelled = [
-        {"prompt": row["prompt"]} for row in make_rows(train_names[config.n_validation + config.n_labelled :])
-    ]
-    test_rows = make_rows(test_names)
+    validation, labelled, unlabelled, test_rows = _demo_rows(config)
     n_params = sum(p.numel() for p in model.parameters())
     echo(
         f"[demo] posttrain {posttrain.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
@@ -296,17 +328,7 @@ def run_demo(config: DemoConfig, echo: Echo = print) -> dict[str, Any]:
     echo(f"Sampled (temperature 1) exact match, the signal RL starts from: {100 * sampled:.2f}%\n")
 
     # 2. GRPO on unlabelled prompts
-    rl = OnlineRL(
-        _rl_config(config, out / "rl"),
-        model=model,
-        tokenizer=tokenizer,
-        reward_functions=[reverse_reward],
-        train_rows=unlabelled,
-        held_out_rows=test_rows,
-        echo=echo,
-    )
-    history = rl.run()
-    after_rl = rl.last_eval
+    history, after_rl = _rl_stage(config, model, tokenizer, unlabelled, test_rows, out / "rl", echo)
     rl_seconds = sum(h.get("time/step_s", 0.0) for h in history)
     print_results(f"After GRPO ({config.rl_steps} steps, {rl_seconds:.1f} s):", after_rl, echo)
 
@@ -331,13 +353,18 @@ def run_demo(config: DemoConfig, echo: Echo = print) -> dict[str, Any]:
     }
     _write_report(out, summary, history, after_sft.accuracy, baseline_points, after_sft, after_rl)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    echo(
-        f"\n[demo] exact match on {len(test_rows)} held-out names: {100 * after_sft.accuracy:.1f}% after SFT -> "
-        f"{100 * after_rl.accuracy:.1f}% after GRPO"
-        + (f" (SFT continued for the same time: {100 * baseline_points[-1][1]:.1f}%)" if baseline_points else "")
-    )
-    echo(f"[demo] report: {out / 'report.html'}  ({time.perf_counter() - started:.0f} s in all)")
+    _print_summary(summary, len(test_rows), out, echo)
     return summary
+
+
+def _print_summary(summary: dict[str, Any], n_test: int, out: Path, echo: Echo) -> None:
+    continued = summary["accuracy_sft_continued"]
+    echo(
+        f"\n[demo] exact match on {n_test} held-out names: {100 * summary['accuracy_after_sft']:.1f}% after SFT -> "
+        f"{100 * summary['accuracy_after_rl']:.1f}% after GRPO"
+        + (f" (SFT continued for the same time: {100 * continued:.1f}%)" if continued is not None else "")
+    )
+    echo(f"[demo] report: {out / 'report.html'}  ({summary['total_seconds']:.0f} s in all)")
 
 
 def _write_report(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -116,6 +117,10 @@ class Objective(Protocol):
 
 
 EvalFn = Callable[[], Mapping[str, float]]
+StepHook = Callable[[int, dict[str, float]], "bool | None"]
+"""Called after each step with its number and metrics, before they are logged: it may add
+metrics (an evaluation of its own) and returns True to stop training after this step (early
+stopping on a validation check, a wall-time budget), which then ends as a last step does."""
 
 
 def train_offline(
@@ -127,41 +132,43 @@ def train_offline(
     config_yaml: str | None = None,
     progress_keys: Sequence[str] = (),
     label: str = "train",
+    on_step: StepHook | None = None,
+    show_progress: bool = True,
 ) -> list[dict[str, float]]:
-    """Train ``objective.model`` on ``examples``; returns the per-step metrics."""
+    """Train ``objective.model`` on ``examples``; returns the per-step metrics. ``on_step``: see
+    :data:`StepHook`; ``show_progress=False`` leaves the console to a caller printing its own lines."""
     out = Path(config.output_dir)
     resume_from = prepare_run_dir(out, config.resume, config.overwrite, config_yaml)
     model = objective.model
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer, scheduler = _optimizer_and_schedule(params, config)
-    sampler = EpochSampler(len(examples), config.batch_size, config.seed)
-    start_step = _maybe_resume(config, resume_from, model, optimizer, scheduler, sampler)
+    parts = _Parts.build(model, len(examples), config)
+    start_step = _maybe_resume(config, resume_from, model, parts)
 
     history: list[dict[str, float]] = []
     logger = MetricsLogger.for_run(out, config, start_step)
-    progress = Progress(config.steps, keys=progress_keys, every=config.log_every, label=label, start=start_step)
+    progress = (
+        Progress(config.steps, keys=progress_keys, every=config.log_every, label=label, start=start_step)
+        if show_progress
+        else None
+    )
     try:
         if evaluate is not None and start_step == 0:
-            logger.log(0, {f"eval/{k}": v for k, v in evaluate().items()})
+            _log_eval(evaluate, logger, 0)
         model.train()
         started = time.perf_counter()
+        last_step = config.steps
         for step in range(start_step + 1, config.steps + 1):
-            metrics = _train_step(objective, examples, sampler, optimizer, params, config, step)
-            metrics["lr"] = scheduler.get_last_lr()[0]
-            scheduler.step()
-            metrics["time/elapsed_s"] = time.perf_counter() - started
-            if evaluate is not None and config.eval_every and step % config.eval_every == 0 and step < config.steps:
-                metrics.update({f"eval/{k}": v for k, v in evaluate().items()})
-                model.train()
+            metrics, stop = _step(objective, examples, parts, config, step, started, evaluate, on_step)
             logger.log(step, metrics)
             history.append({"step": step, **metrics})
-            progress.update(step, metrics)
-            if (config.save_every and step % config.save_every == 0) or step == config.steps:
-                state = {"optimizer": optimizer, "scheduler": scheduler, "sampler": sampler}
-                _save(out, step, objective, config, config_yaml, state)
+            if progress is not None:
+                progress.update(step, metrics)
+            last_step = step if stop else last_step
+            if (config.save_every and step % config.save_every == 0) or step == last_step:
+                _save(out, step, objective, config, config_yaml, parts)
+            if stop:
+                break
         if evaluate is not None:  # the final evaluation, logged with the last step
-            final_eval = {f"eval/{k}": v for k, v in evaluate().items()}
-            logger.log(config.steps, final_eval)
+            final_eval = _log_eval(evaluate, logger, last_step)
             if history:
                 history[-1].update(final_eval)
         with quiet_progress_bars():
@@ -171,13 +178,65 @@ def train_offline(
         write_failure_report(out, title=f"posttrain {label}: {out.name}", error=error)
         raise
     finally:
-        progress.close()
+        if progress is not None:
+            progress.close()
         logger.close()
     return history
 
 
-def _save(out: Path, step: int, objective: Objective, config: LoopConfig, config_yaml: str | None, state: dict) -> None:
-    """The checkpoint of ``step``: the model, its tokenizer and the state dicts of ``state``."""
+@dataclass
+class _Parts:
+    """What the loop updates besides the model, and checkpoints with it."""
+
+    params: list[nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    sampler: EpochSampler
+
+    @classmethod
+    def build(cls, model: nn.Module, num_examples: int, config: LoopConfig) -> _Parts:
+        """AdamW over the trainable parameters, its schedule and the data order."""
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer, scheduler = _optimizer_and_schedule(params, config)
+        return cls(params, optimizer, scheduler, EpochSampler(num_examples, config.batch_size, config.seed))
+
+    def state_dicts(self) -> dict[str, Any]:
+        return {name: getattr(self, name).state_dict() for name in ("optimizer", "scheduler", "sampler")}
+
+
+def _step(
+    objective: Objective,
+    examples: Sequence[Any],
+    parts: _Parts,
+    config: LoopConfig,
+    step: int,
+    started: float,
+    evaluate: EvalFn | None,
+    on_step: StepHook | None,
+) -> tuple[dict[str, float], bool]:
+    """One optimizer step, its scheduled evaluation and the caller's hook: (metrics, stop)."""
+    metrics = _train_step(objective, examples, parts.sampler, parts.optimizer, parts.params, config, step)
+    metrics["lr"] = parts.scheduler.get_last_lr()[0]
+    parts.scheduler.step()
+    metrics["time/elapsed_s"] = time.perf_counter() - started
+    if evaluate is not None and config.eval_every and step % config.eval_every == 0 and step < config.steps:
+        metrics.update({f"eval/{k}": v for k, v in evaluate().items()})
+    stop = bool(on_step(step, metrics)) if on_step is not None else False
+    objective.model.train()  # an evaluation (scheduled or the hook's) left eval mode on
+    return metrics, stop
+
+
+def _log_eval(evaluate: EvalFn, logger: MetricsLogger, step: int) -> dict[str, float]:
+    """Run ``evaluate``, log its metrics (``eval/`` prefixed) at ``step`` and return them."""
+    metrics = {f"eval/{k}": v for k, v in evaluate().items()}
+    logger.log(step, metrics)
+    return metrics
+
+
+def _save(
+    out: Path, step: int, objective: Objective, config: LoopConfig, config_yaml: str | None, parts: _Parts
+) -> None:
+    """The checkpoint of ``step``: the model, its tokenizer and the optimizer, schedule and data order."""
     save_checkpoint(
         out,
         step,
@@ -185,7 +244,7 @@ def _save(out: Path, step: int, objective: Objective, config: LoopConfig, config
         tokenizer=objective.tokenizer,
         config_yaml=config_yaml,
         keep_last=config.keep_last,
-        training_state={name: part.state_dict() for name, part in state.items()},
+        training_state=parts.state_dicts(),
     )
 
 
@@ -260,22 +319,15 @@ def _train_step(
     return {**totals, "grad_norm": grad_norm}
 
 
-def _maybe_resume(
-    config: LoopConfig,
-    path: Path | None,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    sampler: EpochSampler,
-) -> int:
+def _maybe_resume(config: LoopConfig, path: Path | None, model: nn.Module, parts: _Parts) -> int:
     """Restore everything from checkpoint ``path``; return its step (0 for a fresh start)."""
     if path is None:
         torch.manual_seed(config.seed)
         return 0
     load_weights_into(model, path)
     state = load_training_state(path)
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    sampler.load_state_dict(state["sampler"])
+    parts.optimizer.load_state_dict(state["optimizer"])
+    parts.scheduler.load_state_dict(state["scheduler"])
+    parts.sampler.load_state_dict(state["sampler"])
     print(f"[resume] step {state['step']} restored from {path}", flush=True)
     return int(state["step"])

@@ -4,13 +4,14 @@ The loss is the negative mean log-prob of the completion tokens and the EOS afte
 prompt is context only. Each row is tokenised as prompt ids + completion ids + EOS, with no
 BOS: exactly the token sequence an RL rollout later sees (the prompt, then what the policy
 generates up to EOS), so what SFT teaches is what generation starts from.
+
+Training is :class:`SFTObjective` in the one offline loop (``train/offline.py``), for
+``posttrain sft`` and the demo alike.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -20,29 +21,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from posttrain.algos import sft_loss
 from posttrain.models.logprobs import token_logprobs
 
-
-@dataclass(frozen=True)
-class SFTConfig:
-    steps: int = 300
-    """Optimizer steps; the data is reshuffled each time it runs out."""
-    batch_size: int = 32
-    """Rows per optimizer step."""
-    learning_rate: float = 1e-3
-    """AdamW learning rate after warm-up."""
-    warmup_steps: int = 20
-    """Steps of linear warm-up. After it the rate stays constant: SFT before RL stops part-way
-    on purpose, and a schedule annealed to 0 by then leaves a flat policy whose samples are
-    rarely right, so RL gets almost no reward signal (shared/benchmarks/README.md)."""
-    weight_decay: float = 0.0
-    """AdamW decoupled weight decay."""
-    max_grad_norm: float = 1.0
-    """Clip the global gradient norm to this before each step."""
-    seed: int = 0
-    """Seeds the shuffling order."""
-
-
 Example = tuple[list[int], list[int]]  # (input_ids, loss_mask)
-StepCallback = Callable[[dict[str, float]], "bool | None"]
 
 
 def encode_row(tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict], completion: str | list[dict]) -> Example:
@@ -154,61 +133,3 @@ class SFTObjective:
         logprobs, mask = completion_logprobs(self.model, batch)
         loss = sft_loss(logprobs, mask, agg_mode="token-mean", num_tokens=step_units)
         return loss, {"train/padding_fraction": padding_fraction(lengths)}
-
-
-def _batches(n: int, batch_size: int, generator: torch.Generator) -> Iterator[list[int]]:
-    """Index batches forever; a fresh permutation per pass, the short remainder dropped so
-    every step sees `batch_size` rows."""
-    if n < batch_size:
-        raise ValueError(f"{n} rows cannot fill one batch of {batch_size}")
-    while True:
-        order = torch.randperm(n, generator=generator).tolist()
-        for start in range(0, n - batch_size + 1, batch_size):
-            yield order[start : start + batch_size]
-
-
-def train_sft(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    rows: Sequence[Mapping[str, str]],
-    config: SFTConfig,
-    on_step: StepCallback | None = None,
-) -> list[dict[str, float]]:
-    """Fine-tune `model` in place on rows with "prompt" and "completion"; returns per-step metrics.
-
-    Each step's metrics (``step``, ``loss/sft``, ``lr``, ``grad_norm``, ``time/elapsed_s``)
-    also go to `on_step` as soon as the step ends; if it returns True, training stops there
-    (early stopping on a validation check, or a wall-time budget).
-    """
-    device = next(model.parameters()).device
-    examples = [encode_row(tokenizer, row["prompt"], row["completion"]) for row in rows]
-    generator = torch.Generator().manual_seed(config.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
-    # Step s (0-based) trains at lr * (s + 1) / warmup until warm-up ends, then at lr.
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(config.warmup_steps, 1)))
-    was_training = model.training
-    model.train()
-    history: list[dict[str, float]] = []
-    start = time.perf_counter()
-    batches = _batches(len(examples), config.batch_size, generator)
-    for step in range(1, config.steps + 1):
-        batch = collate([examples[i] for i in next(batches)], tokenizer.pad_token_id)
-        loss = sft_batch_loss(model, {k: v.to(device) for k, v in batch.items()})
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-        lr = scheduler.get_last_lr()[0]
-        optimizer.step()
-        scheduler.step()
-        metrics = {
-            "step": step,
-            "loss/sft": loss.item(),
-            "lr": lr,
-            "grad_norm": grad_norm.item(),
-            "time/elapsed_s": time.perf_counter() - start,
-        }
-        history.append(metrics)
-        if on_step is not None and on_step(metrics):
-            break
-    model.train(was_training)
-    return history
