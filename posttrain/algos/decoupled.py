@@ -38,15 +38,14 @@ def decoupled_ppo(
         L_t = w_t·max(−A_t·u_t, −A_t·clip(u_t, 1 − ε_low, 1 + ε_high))   (+ dual clip)
         loss = Σ_kept L_t / N_valid              (N_valid counts the ORIGINAL mask)
 
-    ``old_logprobs`` are ℓ_behav (recorded by the inference engine when the tokens were
-    sampled); ``proximal_logprobs`` are ℓ_prox (the policy at the start of this training
-    step). ``behaviour_weight``: ``"mask"`` drops tokens whose w lies outside
-    [weight_floor, weight_cap] from the numerator only (older AReaL default: cap 5);
-    ``"clamp"`` clips w into that range; ``"none"`` applies no weight at all — what current
-    AReaL does when no rejection-sampling block is configured (docs/algorithms.md §10, surprises).
-    ``weight_level="sequence"`` uses one weight per sequence, the geometric mean of its token
-    weights, so a stale sequence is kept or dropped whole.
-    On-policy data (ℓ_prox = ℓ_behav) reduce this to PPO.
+    ``old_logprobs`` are ℓ_behav (recorded by the inference engine when the tokens were sampled);
+    ``proximal_logprobs`` are ℓ_prox (the policy at the start of this training step).
+    ``behaviour_weight``: ``"mask"`` drops tokens whose w lies outside [weight_floor, weight_cap]
+    from the numerator only (older AReaL default: cap 5); ``"clamp"`` clips w into that range;
+    ``"none"`` applies no weight at all — what current AReaL does when no rejection-sampling block
+    is configured (docs/algorithms.md §10, surprises). ``weight_level="sequence"`` uses one weight
+    per sequence, the geometric mean of its token weights, so a stale sequence is kept or dropped
+    whole. On-policy data (ℓ_prox = ℓ_behav) reduce this to PPO.
     Source: Fu et al., "AReaL: A Large-Scale Asynchronous Reinforcement Learning System for
     Language Reasoning", 2025, eq. 5.
     """
@@ -57,7 +56,6 @@ def decoupled_ppo(
     clip_high = clip_low if clip_high is None else clip_high
     trust_ratio = _ratio(logprobs, proximal_logprobs, log_ratio_clamp)
     per_token, clipped, dual_clipped = clipped_surrogate(trust_ratio, advantages, clip_low, clip_high, clip_c)
-
     weight, kept = behaviour_weights(
         proximal_logprobs,
         old_logprobs,
@@ -71,14 +69,11 @@ def decoupled_ppo(
     # masked-out tokens contribute 0 to the sum but still count in the denominator
     per_token = torch.where(kept, per_token * weight, torch.zeros_like(per_token))
     with torch.no_grad():
-        metrics = {
-            "clip_fraction": masked_mean(clipped.to(logprobs.dtype), response_mask),
-            "dual_clip_fraction": masked_mean(dual_clipped.to(logprobs.dtype), response_mask),
-            "approx_kl": masked_mean(proximal_logprobs - logprobs.detach(), response_mask),
-            "behaviour_kl": masked_mean(old_logprobs - proximal_logprobs, response_mask),
-            "behaviour_masked_fraction": masked_mean((~kept).to(logprobs.dtype), response_mask),
-            "behaviour_weight_mean": masked_mean(weight, response_mask),
-        }
+        fractions = {"clip_fraction": clipped, "dual_clip_fraction": dual_clipped, "behaviour_masked_fraction": ~kept}
+        metrics = {name: masked_mean(flags.to(logprobs.dtype), response_mask) for name, flags in fractions.items()}
+        metrics["approx_kl"] = masked_mean(proximal_logprobs - logprobs.detach(), response_mask)
+        metrics["behaviour_kl"] = masked_mean(old_logprobs - proximal_logprobs, response_mask)
+        metrics["behaviour_weight_mean"] = masked_mean(weight, response_mask)
     return per_token, metrics
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -191,6 +192,29 @@ def _chunk_stats(
     return picked, entropies
 
 
+def _encode_prompts(
+    model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor
+) -> tuple[Any, Tensor]:
+    """The U prompts' KV cache indexed out to the B rows that continue them, and each row's
+    logits at its prompt's last position (which predict response token 0)."""
+    from transformers import DynamicCache
+
+    from posttrain.models.cache import cache_argument, returned_cache
+
+    positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
+    prompt_out = model(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=1,
+        **cache_argument(model, DynamicCache(config=model.config)),
+    )
+    cache = returned_cache(prompt_out)
+    cache.batch_select_indices(prompt_index)
+    return cache, prompt_out.logits[:, -1][prompt_index]
+
+
 def shared_prompt_logprobs(
     model: nn.Module,
     prompt_ids: Tensor,
@@ -216,26 +240,12 @@ def shared_prompt_logprobs(
     Needs a model that accepts a transformers ``DynamicCache`` (``cache``, or ``past_key_values``
     before transformers 5.2x).
     """
-    from transformers import DynamicCache
-
-    from posttrain.models.cache import cache_argument, returned_cache
+    from posttrain.models.cache import cache_argument
 
     if response_ids.shape[1] == 0:
         empty = response_ids.new_zeros(response_ids.shape, dtype=torch.float32)
         return empty, (empty if with_entropy else None)
-    positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache(config=model.config)
-    prompt_out = model(
-        input_ids=prompt_ids,
-        attention_mask=prompt_mask,
-        position_ids=positions,
-        use_cache=True,
-        logits_to_keep=1,
-        **cache_argument(model, cache),
-    )
-    cache = returned_cache(prompt_out)
-    cache.batch_select_indices(prompt_index)
-    first_logits = prompt_out.logits[:, -1][prompt_index]  # predicts response token 0
+    cache, first_logits = _encode_prompts(model, prompt_ids, prompt_mask, prompt_index)
     width = response_ids.shape[1]
     lengths = prompt_mask.long().sum(-1)[prompt_index]
     response_positions = lengths[:, None] + torch.arange(width, device=response_ids.device)

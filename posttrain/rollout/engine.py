@@ -16,7 +16,8 @@ from torch import Tensor, nn
 
 from posttrain.memory import return_free_memory
 from posttrain.rollout.hf import TransformersDecoder
-from posttrain.rollout.native import NativeDecoder, unsupported_reason
+from posttrain.rollout.native import NativeDecoder
+from posttrain.rollout.projections import unsupported_reason
 from posttrain.rollout.sampling import SamplingWorkspace, choose_tokens
 from posttrain.rollout.stops import StopStrings, stop_id_tensor
 from posttrain.rollout.types import Rollouts, SamplingParams

@@ -4,7 +4,7 @@ An engine that keeps its own copy of the weights (vLLM) is handed the trainer's 
 name, in the names a Hugging Face checkpoint of the model uses (``model.layers.0.mlp.up_proj.weight``),
 because that is what its loaders map onto their own fused layouts. A LoRA policy (peft) is sent
 as the model it computes: each adapted projection's weight is W + Σ (α/r)·B·A over the active
-adapters, what the native engine fuses too (``native._effective_weight``). The training model
+adapters, what the native engine fuses too (``projections.effective_weight``). The training model
 is never modified: merging in place (peft's ``merge_and_unload``) would end its use for training.
 
 Covers: plain causal LMs; peft LoRA on linear layers (several adapters, merged or disabled
@@ -20,12 +20,12 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from posttrain.rollout.native import _effective_weight, _is_lora_linear, _is_peft_model, _unsupported_lora
+from posttrain.rollout.projections import effective_weight, is_lora_linear, is_peft_model, unsupported_lora
 
 
 def unmergeable_reason(model: nn.Module) -> str | None:
     """Why ``model``'s weights cannot be sent as one plain checkpoint (None when they can)."""
-    if not _is_peft_model(model):
+    if not is_peft_model(model):
         return None
     kinds = sorted({str(getattr(c.peft_type, "value", c.peft_type)) for c in model.peft_config.values()})
     if kinds != ["LORA"]:
@@ -34,9 +34,9 @@ def unmergeable_reason(model: nn.Module) -> str | None:
         if "modules_to_save" in name.split("."):
             return f"peft modules_to_save ({name}): a trained copy of a whole module, not W + ΔW"
         if type(module).__module__.split(".")[0] == "peft" and hasattr(module, "lora_A"):
-            if not _is_lora_linear(module):
+            if not is_lora_linear(module):
                 return f"the peft module {name} ({type(module).__name__}); only LoRA around nn.Linear is folded in"
-            reason = _unsupported_lora(module)
+            reason = unsupported_lora(module)
             if reason is not None:
                 return f"{name}: {reason}"
     return None
@@ -49,7 +49,7 @@ def inference_weights(model: nn.Module) -> dict[str, Tensor]:
     base model's tensors under their plain names, each adapted projection's ``weight`` replaced
     by a new tensor W + Σ scaling·B·A; the adapter matrices themselves are left out.
     """
-    if not _is_peft_model(model):
+    if not is_peft_model(model):
         return {name: tensor.detach() for name, tensor in model.state_dict().items()}
     reason = unmergeable_reason(model)
     if reason is not None:
@@ -61,8 +61,8 @@ def inference_weights(model: nn.Module) -> dict[str, Tensor]:
             continue
         weights[key.replace(".base_layer.", ".")] = tensor.detach()
     for name, module in base.named_modules():
-        if _is_lora_linear(module):
-            weights[f"{name}.weight"] = _effective_weight(module).detach()
+        if is_lora_linear(module):
+            weights[f"{name}.weight"] = effective_weight(module).detach()
     return weights
 
 
@@ -73,7 +73,7 @@ def save_inference_folder(
     ``tokenizer`` (if given) as a plain Hugging Face folder: engines such as vLLM load a model
     by path only, and a LoRA run's ``final/`` is this folder."""
     folder = Path(folder)
-    base = model.get_base_model() if _is_peft_model(model) else model
+    base = model.get_base_model() if is_peft_model(model) else model
     # state_dict= makes transformers write these tensors under these names (and drop tied copies)
     base.save_pretrained(folder, state_dict=weights if weights is not None else inference_weights(model))
     if tokenizer is not None:

@@ -8,7 +8,8 @@ from torch import nn
 from transformers import AutoModelForCausalLM, GPT2Config
 
 from posttrain.rollout.engine import build_engine
-from posttrain.rollout.native import NativeDecoder, unsupported_reason
+from posttrain.rollout.native import NativeDecoder
+from posttrain.rollout.projections import unsupported_reason
 from tests.rollout.conftest import tiny_model
 
 

@@ -8,7 +8,8 @@ from peft import IA3Config, LoraConfig, get_peft_model
 
 from posttrain.models.lora import apply_lora, reference_policy
 from posttrain.rollout.engine import build_engine
-from posttrain.rollout.native import NativeDecoder, unsupported_reason
+from posttrain.rollout.native import NativeDecoder
+from posttrain.rollout.projections import unsupported_reason
 from posttrain.rollout.types import SamplingParams
 from tests.rollout.conftest import encode, full_forward_logprobs, tiny_model
 
