@@ -28,9 +28,11 @@ launcher (torchrun)    one module under ``train/``, wrapping the loop, not insid
 metric sink            ``telemetry/metrics.py`` (``report_to``)
 =====================  ==================================================================
 
-The RL loop is ``train/rl.py`` (wiring, batch preparation, update); its config is
-``train/rl_config.py``; the offline loop behind ``sft``/``rm``/``dpo`` is ``train/offline.py``
-with the commands' configs in ``train/recipes.py``. Formulas: docs/algorithms.md; design:
+The RL loop is ``train/rl.py`` (wiring, run, save) with a file per stage: ``rl_prepare.py``
+(π_old, π_ref, values, token rewards, advantages), ``rl_update.py`` (minibatches, accumulation,
+metrics), ``rl_eval.py``; its config is ``train/rl_config.py``. The offline loop behind
+``sft``/``rm``/``dpo`` and the demo is ``train/offline.py``, its objectives ``train/sft.py`` and
+``train/preference.py``, the commands' configs ``train/recipes.py``. Formulas: docs/algorithms.md; design:
 docs/design.md.
 """
 
