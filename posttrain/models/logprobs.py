@@ -226,6 +226,7 @@ def shared_prompt_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     chunk_size: int | None = None,
+    response_attention: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """:func:`response_logprobs` for responses that share prompts, encoding each prompt once.
 
@@ -236,6 +237,9 @@ def shared_prompt_logprobs(
     positions), then the responses run against them. With prompts three times longer than
     responses and G = 8 this does about a third of the full forward's work; values equal the
     full forward's up to float rounding (tests/models/test_logprobs.py).
+
+    ``response_attention [B, T]`` marks the response tokens attended to when that is more than
+    ``response_mask`` (a multi-turn episode's environment tokens: context, never targets).
 
     Needs a model that accepts a transformers ``DynamicCache`` (``cache``, or ``past_key_values``
     before transformers 5.2x).
@@ -249,7 +253,8 @@ def shared_prompt_logprobs(
     width = response_ids.shape[1]
     lengths = prompt_mask.long().sum(-1)[prompt_index]
     response_positions = lengths[:, None] + torch.arange(width, device=response_ids.device)
-    attention = torch.cat([prompt_mask[prompt_index].long(), response_mask.long()], dim=1)
+    attended = response_mask if response_attention is None else response_attention
+    attention = torch.cat([prompt_mask[prompt_index].long(), attended.long()], dim=1)
     logits = first_logits[:, None]
     if width > 1:
         out = model(

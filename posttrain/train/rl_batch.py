@@ -47,6 +47,10 @@ class RolloutBatch:
     token_rewards: Tensor | None = None  # [B, T]
     advantages: Tensor | None = None  # [B, T]
     returns: Tensor | None = None  # [B, T]
+    # multi-turn episodes (sources/ of environments): observation and template tokens between the
+    # policy's turns sit in the response with response_mask 0 but are attended to
+    response_attention: Tensor | None = None  # [B, T] long, 1 on every real response token; None: response_mask
+    turn_rewards: Tensor | None = None  # [B, T] rewards the source placed on tokens (a turn's on its last token)
     extras: dict[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -58,8 +62,14 @@ class RolloutBatch:
         return torch.cat([self.prompt_ids, self.response_ids], dim=1)
 
     @property
+    def response_attention_mask(self) -> Tensor:
+        """``[B, T]`` long: the response tokens attended to (sampled, and in episodes also the
+        environment's tokens between turns)."""
+        return self.response_mask.long() if self.response_attention is None else self.response_attention.long()
+
+    @property
     def attention_mask(self) -> Tensor:
-        return torch.cat([self.prompt_mask, self.response_mask.long()], dim=1)
+        return torch.cat([self.prompt_mask, self.response_attention_mask], dim=1)
 
     @property
     def completion_ids(self) -> list[list[int]]:
@@ -86,7 +96,10 @@ class RolloutBatch:
         """The same samples without the padding columns no sample uses (left of the longest
         prompt, right of the longest response): a subset of a batch is often narrower."""
         prompt_start = int((self.prompt_mask.sum(0) > 0).long().argmax()) if len(self) else 0
-        response_width = int(self.response_mask.sum(-1).max()) if len(self) else 0
+        # past the last attended token of any row (an episode's mask has gaps: its environment turns)
+        attended = self.response_attention_mask
+        positions = torch.arange(1, attended.shape[1] + 1)
+        response_width = int((attended * positions).max()) if len(self) and attended.numel() else 0
         response_width = max(response_width, 1)
         if prompt_start == 0 and response_width == self.response_ids.shape[1]:
             return self

@@ -65,6 +65,7 @@ def sequence_logprobs(
             prompt_index,
             temperature=temperature,
             with_entropy=with_entropy,
+            response_attention=batch.response_attention,
         )
     return response_logprobs(
         model,
@@ -155,17 +156,24 @@ class BatchPreparer:
 
     def _token_rewards(self, batch: RolloutBatch, metrics: dict[str, float]) -> Tensor:
         """``[B, T]``: each score on its response's last token, minus β·KL per token where the KL
-        goes in the reward (docs/algorithms.md §3.2); the adaptive controller sees that KL."""
+        goes in the reward (docs/algorithms.md §3.2); the adaptive controller sees that KL.
+
+        An episode's score is its return: the rewards its source placed on tokens
+        (``turn_rewards``, a turn's on its last sampled token) plus what is left of the score,
+        on the last sampled token, so the token rewards still sum to the score."""
+        placed = batch.turn_rewards
+        scores = batch.scores if placed is None else batch.scores - placed.sum(-1)
         kl_section = self.algo.kl
         if kl_section.placement != "reward":
-            return place_scores_at_last_token(batch.scores, batch.response_mask)
+            outcome = place_scores_at_last_token(scores, batch.response_mask)
+            return outcome if placed is None else outcome + placed
         # the sampling policy's log-probs for the KL penalty: the trainer's π_old where computed,
         # else the engine's own report (one vocabulary: engine_logprobs are what the engine
         # said, old_logprobs the trainer's forward of the same weights, ref_logprobs π_ref)
         sampling_logprobs = batch.old_logprobs if batch.old_logprobs is not None else batch.engine_logprobs
         beta = self.kl_controller.value
         token_rewards, kl_metrics = shape_token_rewards(
-            batch.scores,
+            scores,
             sampling_logprobs,
             batch.ref_logprobs,
             batch.response_mask,
@@ -180,7 +188,7 @@ class BatchPreparer:
         metrics["kl/reward"] = reward_kl
         metrics["kl/coef"] = beta
         self.kl_controller.update(reward_kl, len(batch))
-        return token_rewards
+        return token_rewards if placed is None else token_rewards + placed
 
     def _advantages(self, batch: RolloutBatch, metrics: dict[str, float]) -> tuple[Tensor, Tensor]:
         """(advantages, returns) of the run's estimator; a non-finite advantage stops the run."""
