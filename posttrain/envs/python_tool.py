@@ -67,7 +67,7 @@ class PythonTool(TaggedToolEnvironment):
         result = self.sandbox.run_io(code, "", "")
         if result.verdict is Verdict.INFRA_ERROR:
             raise ToolSandboxError(f"the sandbox ({self.sandbox.runner}) could not run the program: {result.detail}")
-        output = result.stdout.decode("utf-8", "replace")
+        output = result.stdout.decode("utf-8", "replace").rstrip("\n")
         if result.verdict is Verdict.TIMEOUT:
             output += f"\n[stopped: {result.detail}]"
         elif result.verdict is Verdict.MEMORY:
