@@ -24,6 +24,7 @@ coroutines on their own loop in the daemon thread, which bounds even those.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import inspect
 import math
@@ -217,34 +218,11 @@ class GuardedEnvironment:
 
     async def _call_async(self, fn: Callable[..., Any], arg: Any) -> Any:
         try:
-            if inspect.iscoroutinefunction(fn):
-                return await asyncio.wait_for(fn(arg), self.timeout_s)
-            return await asyncio.wait_for(self._in_thread(fn, arg), self.timeout_s)
-        except TimeoutError:
+            return await asyncio.wait_for(_run(fn, arg), self.timeout_s)
+        except TimeoutError:  # wait_for's own: the environment's exceptions arrive wrapped
             raise self._timeout() from None
-        except EpisodeError:
-            raise
-        except Exception as error:
-            raise self._raised(error) from error
-
-    @staticmethod
-    async def _in_thread(fn: Callable[..., Any], arg: Any) -> Any:
-        # a daemon thread rather than the loop's executor: the executor's threads are joined at
-        # interpreter exit, so one hung environment would hang the trainer's exit
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-
-        def target() -> None:
-            try:
-                value = fn(arg)
-                if inspect.isawaitable(value):
-                    value = asyncio.run(value)
-                loop.call_soon_threadsafe(_settle, future, value, None)
-            except BaseException as error:
-                loop.call_soon_threadsafe(_settle, future, None, error)
-
-        threading.Thread(target=target, daemon=True).start()
-        return await future
+        except _Raised as raised:
+            raise self._raised(raised.error) from raised.error
 
     def _timeout(self) -> EpisodeError:
         return EpisodeError(
@@ -260,6 +238,46 @@ class GuardedEnvironment:
         )
         episode_error.__cause__ = error
         return episode_error
+
+
+class _Raised(Exception):
+    """Carries an exception of the environment past ``wait_for`` (which could not otherwise
+    tell an environment's own ``TimeoutError`` from its timeout)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+async def _run(fn: Callable[..., Any], arg: Any) -> Any:
+    try:
+        if inspect.iscoroutinefunction(fn):
+            return await fn(arg)
+        return await _in_thread(fn, arg)
+    except Exception as error:
+        raise _Raised(error) from error
+
+
+async def _in_thread(fn: Callable[..., Any], arg: Any) -> Any:
+    """``fn(arg)`` in a daemon thread (awaiting its result on a private loop if it is a
+    coroutine). Not the loop's executor: its threads are joined at interpreter exit, so one
+    hung environment would hang the trainer's exit."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def target() -> None:
+        try:
+            value = fn(arg)
+            if inspect.isawaitable(value):
+                value = asyncio.run(value)
+            outcome: tuple[Any, BaseException | None] = (value, None)
+        except BaseException as error:
+            outcome = (None, error)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (the call timed out)
+            loop.call_soon_threadsafe(_settle, future, *outcome)
+
+    threading.Thread(target=target, daemon=True).start()
+    return await future
 
 
 def _settle(future: asyncio.Future, value: Any, error: BaseException | None) -> None:

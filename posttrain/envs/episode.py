@@ -97,6 +97,8 @@ class Episode:
     rewards: list[tuple[int, float]] = field(default_factory=list)
     turn_offset: int = 0
     """Turns taken by earlier samples of the same episode (turn numbers continue)."""
+    stop_token_ids: frozenset[int] = frozenset()
+    """Tokens that end a turn (the engine's stop tokens); empty: the tokenizer's EOS."""
     stop_reason: StopReason | None = None
     _rendered: list[int] = field(default_factory=list)  # the template's ids of the conversation so far
     _awaiting_result: bool = False  # a turn was added and the environment's answer not yet
@@ -110,13 +112,17 @@ class Episode:
         *,
         on_prefix_mismatch: Literal["error", "new_sample"] = "error",
         turn_offset: int = 0,
+        stop_token_ids: Sequence[int] = (),
     ) -> Episode:
         """An episode from the environment's first observation: text is tokenised as is,
-        messages through the chat template with the assistant's turn opened."""
+        messages through the chat template with the assistant's turn opened.
+        ``stop_token_ids``: the tokens the engine stops a turn at (default: EOS); a turn that
+        fills its budget without ending in one was cut."""
         if on_prefix_mismatch not in ("error", "new_sample"):
             raise ValueError(f"on_prefix_mismatch must be 'error' or 'new_sample', got {on_prefix_mismatch!r}")
         episode = cls(tokenizer, limits, on_prefix_mismatch, chat=not isinstance(first_observation, str))
         episode.turn_offset = turn_offset
+        episode.stop_token_ids = frozenset(stop_token_ids or [tokenizer.eos_token_id])
         if episode.chat:
             episode.messages = [dict(m) for m in first_observation]
             episode._rendered = chat_prompt_ids(tokenizer, episode.messages)
@@ -181,7 +187,7 @@ class Episode:
         self.texts.append(text)
         self.messages.append({"role": "assistant", "content": text})
         self._awaiting_result = True
-        if sampled[-1] not in self._stop_ids() and len(sampled) == budget:
+        if sampled[-1] not in self.stop_token_ids and len(sampled) == budget:
             self.stop_reason = "max_new_tokens" if budget == self.limits.max_new_tokens else "max_total_tokens"
         return text
 
@@ -250,9 +256,6 @@ class Episode:
     def _append(self, ids: Sequence[int], mask: int) -> None:
         self.ids.extend(ids)
         self.mask.extend([mask] * len(ids))
-
-    def _stop_ids(self) -> set[int]:
-        return {self.tokenizer.eos_token_id}
 
     def _chat_tail(self, observation: list[dict[str, Any]]) -> list[int] | None:
         """Template tokens to append after the last sampled turn (rest of its end of turn,

@@ -354,3 +354,28 @@ def test_a_raising_sync_environment_through_the_async_caller():
     with pytest.raises(EpisodeError) as caught:
         asyncio.run(run())
     assert caught.value.kind == "raised" and caught.value.turn == 1
+
+
+class OwnTimeout:
+    """Raises TimeoutError itself (a request it made timed out): an error, not our timeout."""
+
+    def reset(self, row):
+        return "start"
+
+    async def step(self, completion):
+        raise TimeoutError("upstream service timed out")
+
+
+def test_an_environments_own_timeout_error_is_reported_as_raised():
+    guarded = GuardedEnvironment(OwnTimeout(), timeout_s=5)
+    with pytest.raises(EpisodeError) as caught:
+        guarded.step("x")
+    assert caught.value.kind == "raised" and "upstream service" in str(caught.value)
+
+    async def run():
+        await guarded.areset({})
+        await guarded.astep("x")
+
+    with pytest.raises(EpisodeError) as caught:
+        asyncio.run(run())
+    assert caught.value.kind == "raised" and isinstance(caught.value.cause, TimeoutError)

@@ -174,6 +174,36 @@ def test_char_tokenizer_keeps_its_eos_and_the_template_closes_the_turn():
     assert tokenizer.decode(episode.ids[end : end + 8]) == "<|end|>\n"
 
 
+# A template for character-level models whose assistant turns end with the EOS token itself:
+# the sampled EOS is then the template's end of turn, and RL contexts equal SFT's renderings.
+EOS_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}"
+    "{% if m['role'] == 'assistant' %}{{ eos_token }}{% else %}<|end|>{% endif %}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def test_char_tokenizer_with_eos_as_end_of_turn_equals_the_rendering():
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = EOS_TEMPLATE
+    episode = Episode.start(tokenizer, FIRST, EpisodeLimits(max_new_tokens=32))
+    turns = [sampled(tokenizer, "ask: battery?"), sampled(tokenizer, "fix: charge")]
+    play(episode, Recorder(), turns)
+    assert episode.ids == chat_prompt_ids(tokenizer, episode.messages)
+    assert_masks(episode, turns)
+
+
+def test_stop_tokens_other_than_eos(chatml):
+    turn = encode(chatml, "ask: battery?")
+    stop = turn[-1]  # say the engine stops at the token that ends a question
+    episode = Episode.start(chatml, FIRST, EpisodeLimits(max_new_tokens=len(turn)), stop_token_ids=[stop])
+    episode.add_turn(turn)  # fills the budget, but ends in a stop token: not cut
+    assert not episode.finished
+    episode = Episode.start(chatml, FIRST, EpisodeLimits(max_new_tokens=len(turn)))
+    episode.add_turn(turn)
+    assert episode.stop_reason == "max_new_tokens"
+
+
 def test_text_episode_appends_observations_as_their_tokens(chatml):
     episode = Episode.start(chatml, "what is 2*(3+4)? ", EpisodeLimits(max_new_tokens=32))
     reply = encode(chatml, "<calc>2*(3+4)</calc>")  # stopped by a stop string, no EOS
