@@ -233,7 +233,8 @@ class Episode:
     def next_sample(self) -> Episode:
         """After a prefix mismatch with ``on_prefix_mismatch="new_sample"``: the episode goes
         on as a new sample whose prompt is the template's rendering of the whole conversation
-        so far; turn numbers continue."""
+        so far; turn numbers (and so ``max_turns`` and the discount) continue, while
+        ``max_total_tokens`` applies to each sample's own sequence."""
         if not self.continues_as_new_sample:
             raise RuntimeError(f"this sample does not continue as a new one (stop reason: {self.stop_reason})")
         return Episode.start(
@@ -242,6 +243,7 @@ class Episode:
             self.limits,
             on_prefix_mismatch=self.on_prefix_mismatch,
             turn_offset=self.turn,
+            stop_token_ids=sorted(self.stop_token_ids),
         )
 
     def token_rewards(self) -> list[float]:

@@ -152,7 +152,7 @@ def test_prefix_mismatch_can_continue_as_a_new_sample():
     assert tokenizer.decode(follow.ids).count("<think>") == 0
     assert set(follow.mask) == {0}
     follow.add_turn(sampled(tokenizer, "fix: reboot"))
-    assert follow.turn == 2
+    assert follow.turn == 2 and follow.stop_token_ids == episode.stop_token_ids
     follow.add_result(None, 1.0, True)
     assert follow.stop_reason == "done"
 
