@@ -18,8 +18,10 @@ reward function        ``rewards/`` — ``@register_reward("name")``, or any
 task (generated data)  ``data/tasks/`` — ``@TASKS.register("name")``
 rollout source         ``sources/`` — a :class:`~posttrain.sources.RolloutSource`: multi-
                        turn environments, replay, an async producer, Ray workers
-environment            ``sources/`` beside the multi-turn source; the class shape is
-                       the contract in docs/design.md (section "Next")
+environment            ``envs/`` — ``@register_environment("name")``, or any
+                       ``pkg.module:Class``; the class shape is the contract in
+                       docs/design.md (section "Next"); episodes are assembled by
+                       ``envs/episode.py`` (the multi-turn source will sit in ``sources/``)
 rollout engine         ``rollout/`` — generate ``Rollouts`` from token ids; built by
                        ``rollout/engine.py:build_engine``
 model / data option    ``models/section.py`` / ``data/section.py`` (the ``model:`` and

@@ -1,0 +1,34 @@
+"""Multi-turn environments (docs/design.md, "Next"; issue 19): the contract and the guarded
+caller (``base.py``), token-in/token-out episode assembly with the chat-template prefix check
+(``episode.py``), and the built-ins ``support_bot``, ``calculator`` and ``python``.
+
+Importing this package registers the built-ins in :data:`ENVIRONMENTS`. The multi-turn
+rollout source that drives episodes with the engine is not here yet.
+"""
+
+from posttrain.envs import calculator, python_tool, support_bot  # noqa: F401  (registers the built-ins)
+from posttrain.envs.base import (
+    ENVIRONMENTS,
+    Environment,
+    EnvSpecError,
+    EpisodeError,
+    GuardedEnvironment,
+    StepResult,
+    register_environment,
+    resolve_environment,
+)
+from posttrain.envs.episode import Episode, EpisodeLimits, TemplatePrefixError
+
+__all__ = [
+    "ENVIRONMENTS",
+    "EnvSpecError",
+    "Environment",
+    "Episode",
+    "EpisodeError",
+    "EpisodeLimits",
+    "GuardedEnvironment",
+    "StepResult",
+    "TemplatePrefixError",
+    "register_environment",
+    "resolve_environment",
+]

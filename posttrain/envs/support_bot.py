@@ -1,0 +1,171 @@
+"""The ``support_bot`` environment: a rule-based simulated user with a hidden problem (seed
+001's service-bot MDP: the user responds; the reward is whether the user marks the issue
+resolved).
+
+The user opens with a symptom that two issues share; the bot may ask about a clue
+(``ask: battery?``) and the user answers truthfully ("yes" only for the clue of the hidden
+issue); the bot proposes a fix (``fix: charge``). The right fix resolves the issue (reward 1,
+done); a wrong one costs ``wrong_fix_cost`` and the user says it did not help. Every turn
+costs ``turn_cost``; after ``max_turns`` bot turns the user gives up (done, no resolution —
+an ending of the environment itself, unlike ``env.max_turns``, which truncates any
+environment from outside).
+
+Made to be learnable by a tiny character-level model: the bot's whole action language is the
+two regular forms above, stated with the valid words in the first message, so a short SFT on
+:func:`scripted_conversations` teaches the format and RL can then learn which clue to ask
+for which symptom (one question always tells the two issues apart) and which fix follows
+the answer. Guessing a fix without asking pays 1 - c half of the time and 1 - 2c - w the
+other half, asking first pays 1 - 2c: with the defaults (c = 0.1, w = 0.5) asking is better,
+and needless extra questions cost c each.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from posttrain.envs.base import register_environment
+
+
+@dataclass(frozen=True)
+class Issue:
+    """A hidden problem: the symptom the user reports, the clue that is true only for it
+    (what ``ask: <clue>?`` confirms) and the fix that resolves it."""
+
+    name: str
+    symptom: str
+    clue: str
+    fix: str
+
+
+# Three symptoms, each shared by two issues, told apart by either issue's clue.
+ISSUES = (
+    Issue("flat_battery", "my laptop will not turn on", "battery", "charge"),
+    Issue("loose_cord", "my laptop will not turn on", "cord", "plug"),
+    Issue("router_down", "my wifi does not work", "router", "reboot"),
+    Issue("wrong_password", "my wifi does not work", "password", "reset"),
+    Issue("dim_screen", "my screen is dark", "brightness", "brighten"),
+    Issue("old_driver", "my screen is dark", "driver", "update"),
+)
+_BY_NAME = {issue.name: issue for issue in ISSUES}
+CLUES = tuple(issue.clue for issue in ISSUES)
+FIXES = tuple(issue.fix for issue in ISSUES)
+
+_ASK = re.compile(r"ask:\s*([a-z]+)\s*\?")
+_FIX = re.compile(r"fix:\s*([a-z]+)")
+
+RESOLVED = "thanks, it works now!"
+NOT_FIXED = "that did not help."
+NOT_UNDERSTOOD = "sorry? write ask: <word>? or fix: <word>"
+
+
+def opening(issue: Issue) -> str:
+    """The user's first message: the rules of the bot's language, then the symptom."""
+    return f"ask about: {' '.join(CLUES)}. fixes: {' '.join(FIXES)}.\n{issue.symptom}"
+
+
+def hidden_issue(row: dict[str, Any]) -> Issue:
+    """The row's hidden issue: its ``issue`` column (a name of :data:`ISSUES`), else drawn from
+    its ``seed`` column."""
+    if "issue" in row:
+        if row["issue"] not in _BY_NAME:
+            raise KeyError(f"support_bot: unknown issue {row['issue']!r}; valid: {', '.join(_BY_NAME)}")
+        return _BY_NAME[row["issue"]]
+    if "seed" in row:
+        return random.Random(int(row["seed"])).choice(ISSUES)
+    raise KeyError(f"support_bot needs an 'issue' or a 'seed' column; the row has {sorted(row)}")
+
+
+@register_environment("support_bot")
+class SupportBot:
+    """The simulated user (module docstring). Options: ``turn_cost`` (c, taken from every
+    turn's reward), ``wrong_fix_cost`` (w, taken from a turn proposing a wrong fix),
+    ``max_turns`` (bot turns before the user gives up)."""
+
+    def __init__(self, turn_cost: float = 0.1, wrong_fix_cost: float = 0.5, max_turns: int = 6) -> None:
+        if turn_cost < 0 or wrong_fix_cost < 0 or max_turns < 1:
+            raise ValueError(
+                f"support_bot: turn_cost and wrong_fix_cost must be >= 0 and max_turns >= 1, got "
+                f"{turn_cost}, {wrong_fix_cost}, {max_turns}"
+            )
+        self.turn_cost, self.wrong_fix_cost, self.max_turns = turn_cost, wrong_fix_cost, max_turns
+        self.issue: Issue | None = None
+        self.turns = 0
+
+    def reset(self, row: dict[str, Any]) -> list[dict[str, str]]:
+        self.issue, self.turns = hidden_issue(row), 0
+        return [{"role": "user", "content": opening(self.issue)}]
+
+    def step(self, completion: str) -> tuple[list[dict[str, str]] | None, float, bool]:
+        if self.issue is None:
+            raise RuntimeError("support_bot: step before reset")
+        self.turns += 1
+        reply, reward, done = self.respond(completion.strip().lower())
+        reward -= self.turn_cost
+        if not done and self.turns >= self.max_turns:
+            return None, reward, True  # the user gives up
+        return (None if done else [{"role": "user", "content": reply}]), reward, done
+
+    def respond(self, action: str) -> tuple[str, float, bool]:
+        """(the user's reply, reward before the turn cost, resolved) for one bot action."""
+        assert self.issue is not None
+        fix = _FIX.fullmatch(action)
+        if fix:
+            if fix.group(1) == self.issue.fix:
+                return RESOLVED, 1.0, True
+            return NOT_FIXED, -self.wrong_fix_cost, False
+        ask = _ASK.fullmatch(action)
+        if ask:
+            clue = ask.group(1)
+            if clue not in CLUES:
+                return f"i do not know about {clue}.", 0.0, False
+            return ("yes." if clue == self.issue.clue else "no."), 0.0, False
+        return NOT_UNDERSTOOD, 0.0, False
+
+
+# ------------------------------------------------------------------------------------- data
+
+
+def support_rows(n: int, seed: int = 0) -> list[dict[str, str]]:
+    """``n`` dataset rows ``{"issue": name}``, hidden issues drawn uniformly with ``seed``."""
+    rng = random.Random(seed)
+    return [{"issue": rng.choice(ISSUES).name} for _ in range(n)]
+
+
+def scripted_conversations(n: int, seed: int = 0, needless_share: float = 0.3) -> list[dict[str, Any]]:
+    """Cold-start SFT rows in the ``messages`` format (``SFTObjective.encode``), from ``n``
+    scripted conversations: the bot asks one of the two candidate clues, then gives the fix
+    the answer points to; in a ``needless_share`` of them it first asks about a clue of an
+    unrelated issue (answered "no"), so RL has turns to save. SFT trains only a row's last
+    assistant message, so each conversation gives one row per bot turn (its prefixes)."""
+    if not 0.0 <= needless_share <= 1.0:
+        raise ValueError(f"needless_share must be in [0, 1], got {needless_share}")
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        issue = rng.choice(ISSUES)
+        candidates = [other for other in ISSUES if other.symptom == issue.symptom]
+        asked = rng.choice(candidates)
+        actions = [f"ask: {asked.clue}?", f"fix: {issue.fix}"]
+        if rng.random() < needless_share:
+            unrelated = rng.choice([other for other in ISSUES if other.symptom != issue.symptom])
+            actions.insert(0, f"ask: {unrelated.clue}?")
+        rows.extend(_prefix_rows(issue, actions))
+    return rows
+
+
+def _prefix_rows(issue: Issue, actions: list[str]) -> list[dict[str, Any]]:
+    user = SupportBot(max_turns=len(actions) + 1)
+    messages = user.reset({"issue": issue.name})
+    rows = []
+    for action in actions:
+        messages = [*messages, {"role": "assistant", "content": action}]
+        rows.append({"messages": messages})
+        reply, _, done = user.step(action)
+        if reply is not None:
+            messages = [*messages, *reply]
+    if not done:  # a bug of the script above, not of any data
+        raise RuntimeError(f"scripted conversation for {issue.name} did not resolve: {actions}")
+    return rows
