@@ -93,9 +93,10 @@ class SupportBot:
         self.turn_cost, self.wrong_fix_cost, self.max_turns = turn_cost, wrong_fix_cost, max_turns
         self.issue: Issue | None = None
         self.turns = 0
+        self.resolved = False  # read by the rollout source for env/resolved
 
     def reset(self, row: dict[str, Any]) -> list[dict[str, str]]:
-        self.issue, self.turns = hidden_issue(row), 0
+        self.issue, self.turns, self.resolved = hidden_issue(row), 0, False
         return [{"role": "user", "content": opening(self.issue)}]
 
     def step(self, completion: str) -> tuple[list[dict[str, str]] | None, float, bool]:
@@ -103,6 +104,7 @@ class SupportBot:
             raise RuntimeError("support_bot: step before reset")
         self.turns += 1
         reply, reward, done = self.respond(completion.strip().lower())
+        self.resolved = done
         reward -= self.turn_cost
         if not done and self.turns >= self.max_turns:
             return None, reward, True  # the user gives up

@@ -178,29 +178,7 @@ class SingleTurnSource:
         return batch, metrics
 
     def _reward_metrics(self, batch: RolloutBatch) -> dict[str, float]:
-        scores = batch.scores
-        present = ~scores.isnan()
-        valid = scores[present]
-        lengths = batch.response_mask.sum(-1)
-        metrics = {
-            "reward/mean": float(valid.mean()) if valid.numel() else math.nan,
-            "reward/std": float(valid.std(unbiased=False)) if valid.numel() else math.nan,
-            "reward/none_fraction": 1.0 - float(present.float().mean()),
-            "response/length_mean": float(lengths.mean()),
-            "response/length_max": float(lengths.max()),
-            "response/truncated_fraction": float(batch.truncated.float().mean()),
-        }
-        # a sum of several 0/1 rewards (answer + format) that happens to be 0/1 is no accuracy
-        if len(self.rewards.names) == 1 and valid.numel() and bool(((valid == 0) | (valid == 1)).all()):
-            metrics["reward/accuracy"] = float(valid.mean())
-        if present.any():
-            stats = group_stats(valid, batch.group_ids[present])
-            self.lowest_score = min(self.lowest_score, float(valid.min()))
-            zero, at_max = _zero_variance_shares(
-                stats.std, stats.size, valid, batch.group_ids[present], self.lowest_score
-            )
-            metrics["reward/zero_variance_group_fraction"] = zero
-            metrics["reward/zero_variance_at_max_fraction"] = at_max
+        metrics, self.lowest_score = reward_metrics(batch, len(self.rewards.names) == 1, self.lowest_score)
         return metrics
 
     def _greedy_baseline(self, batch: RolloutBatch) -> Tensor:
@@ -255,3 +233,31 @@ def _zero_variance_shares(
             solved[group] = equal[group] and spread and float(scores[index]) == best
     zero = sum(equal.values())
     return zero / max(len(equal), 1), sum(solved.values()) / max(zero, 1)
+
+
+def reward_metrics(batch: RolloutBatch, single_reward: bool, lowest_seen: float) -> tuple[dict[str, float], float]:
+    """The step's ``reward/*`` and ``response/*`` metrics of a scored batch, and the lowest score
+    seen in the run so far (``lowest_seen`` updated; see :func:`_zero_variance_shares`).
+    ``reward/accuracy`` only for a single 0/1 reward: a sum of several that happens to be 0/1
+    is no accuracy. Response lengths count the policy's tokens (``response_mask``)."""
+    scores = batch.scores
+    present = ~scores.isnan()
+    valid = scores[present]
+    lengths = batch.response_mask.sum(-1)
+    metrics = {
+        "reward/mean": float(valid.mean()) if valid.numel() else math.nan,
+        "reward/std": float(valid.std(unbiased=False)) if valid.numel() else math.nan,
+        "reward/none_fraction": 1.0 - float(present.float().mean()),
+        "response/length_mean": float(lengths.mean()),
+        "response/length_max": float(lengths.max()),
+        "response/truncated_fraction": float(batch.truncated.float().mean()),
+    }
+    if single_reward and valid.numel() and bool(((valid == 0) | (valid == 1)).all()):
+        metrics["reward/accuracy"] = float(valid.mean())
+    if present.any():
+        stats = group_stats(valid, batch.group_ids[present])
+        lowest_seen = min(lowest_seen, float(valid.min()))
+        zero, at_max = _zero_variance_shares(stats.std, stats.size, valid, batch.group_ids[present], lowest_seen)
+        metrics["reward/zero_variance_group_fraction"] = zero
+        metrics["reward/zero_variance_at_max_fraction"] = at_max
+    return metrics, lowest_seen

@@ -1,0 +1,36 @@
+"""The ``env:`` config section (docs/design.md, "Next": the environment contract)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from posttrain.config import Section
+
+
+class EnvSection(Section):
+    """A multi-turn environment: each sample is an episode of policy turns and environment
+    answers (``posttrain/envs/``); the policy's turns are trained, the environment's tokens are
+    context."""
+
+    name: str
+    """A built-in (support_bot, calculator, python) or ``pkg.module:Class`` imported from the
+    working directory, as a reward function is."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the environment's constructor."""
+    max_turns: int = Field(8, ge=1)
+    """Policy turns per episode; an episode still going after them is cut (env/truncated)."""
+    max_total_tokens: int | None = Field(None, ge=2)
+    """Tokens per episode, prompt and every turn included (null: the model's context length);
+    max_new_tokens still limits each turn."""
+    discount: float = Field(1.0, gt=0, le=1)
+    """γ per turn: turn k's reward counts γ^(k-1) (the estimators' own γ counts tokens)."""
+    timeout_s: float = Field(30.0, gt=0)
+    """Seconds one reset or step may take; longer is an episode error."""
+    max_error_fraction: float = Field(0.5, ge=0, le=1)
+    """Share of a batch's episodes that may end in an environment error (left out of the loss,
+    never scored 0) before the run stops naming the first error."""
+    on_prefix_mismatch: Literal["error"] = "error"
+    """What to do when the chat template rewrites earlier turns: stop with the turn and the
+    differing tokens (continuing such an episode as a new sample: not in the loop yet)."""

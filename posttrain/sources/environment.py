@@ -1,0 +1,265 @@
+"""The environment rollout source: each sample is a multi-turn episode (docs/design.md, "Next").
+
+Per step it draws ``prompts_per_step`` rows and plays ``samples_per_prompt`` episodes of each
+(a group = the episodes of one row, as GRPO/RLOO compare them). Every episode gets its own
+environment instance (``env.name``/``env.options``), reset with the row. Turns are played in
+lock-step over the episodes still going: one ``engine.generate`` call per turn continues each
+episode's token ids (never re-tokenised: ``envs/episode.py``), then each environment answers.
+
+The batch an episode becomes: the first observation is the prompt; everything after it is the
+response, the policy's turns with ``response_mask`` 1 and the environment's tokens between
+them with 0 (attended to: ``response_attention``); ``engine_logprobs`` on the sampled tokens;
+each turn's reward on its last sampled token (``turn_rewards``). The score is the episode's
+return: the turn rewards plus, when ``rewards=`` are configured, their score of the finished
+conversation (the functions' ``completions`` are its messages after the first observation).
+An environment that raises, hangs or answers malformed ends its episode as an error: counted
+(``env/errors``), its score NaN, so batch preparation leaves it out of the loss; more than
+``env.max_error_fraction`` of a batch stops the run naming the first error.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from posttrain.envs import EpisodeError, GuardedEnvironment, resolve_environment
+from posttrain.envs.episode import Episode, EpisodeLimits
+from posttrain.envs.section import EnvSection
+from posttrain.errors import PosttrainError
+from posttrain.rewards import RewardSet
+from posttrain.rollout.types import SamplingParams
+from posttrain.sources.single_turn import reward_metrics
+from posttrain.train.rl_batch import RESERVED_COLUMNS, RolloutBatch
+from posttrain.train.rl_config import RLRun
+from posttrain.train.sampler import EpochSampler
+
+Echo = Callable[[str], None]
+
+
+class EnvironmentErrors(PosttrainError, RuntimeError):
+    """More of a batch's episodes ended in environment errors than ``env.max_error_fraction``."""
+
+
+@dataclass
+class _Play:
+    """One episode being played: its environment, its token state, the engine's log-probs of its
+    sampled tokens (aligned with ``episode.ids``, 0 elsewhere) and its error, if any."""
+
+    env: GuardedEnvironment
+    episode: Episode
+    first_observation: Any
+    logprobs: list[float] = field(default_factory=list)
+    error: EpisodeError | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.error is None and not self.episode.finished
+
+
+class EnvironmentSource:
+    """Scored batches of multi-turn episodes (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: RLRun,
+        env: EnvSection,
+        engine: Any,
+        tokenizer: Any,
+        rows: Sequence[dict[str, Any]],
+        rewards: RewardSet | None,
+        context_limit: int | None,
+        echo: Echo = print,
+    ) -> None:
+        self.config, self.env, self.engine, self.tokenizer = config, env, engine, tokenizer
+        self.rows, self.rewards, self.echo = list(rows), rewards, echo
+        self.factory = resolve_environment(env.name, env.options)
+        total = env.max_total_tokens if env.max_total_tokens is not None else context_limit
+        self.limits = EpisodeLimits(
+            max_new_tokens=config.max_new_tokens, max_total_tokens=total, max_turns=env.max_turns, discount=env.discount
+        )
+        self.sampler = EpochSampler(len(self.rows), config.prompts_per_step, config.seed)
+        self.lowest_score = math.inf
+        self.version = 0
+
+    # ------------------------------------------------------------------ the RolloutSource protocol
+    def next_batch(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
+        rows = [self.rows[i] for i in self.sampler.next_batch()]
+        t0 = time.perf_counter()
+        plays = [self._start(row) for row in rows for _ in range(self.config.samples_per_prompt)]
+        generate_s = self._play(plays, step)
+        t1 = time.perf_counter()
+        batch = self._batch(plays, rows)
+        batch.scores = self._scores(plays, batch)
+        t2 = time.perf_counter()
+        self._check_errors(plays, step)
+        metrics, self.lowest_score = reward_metrics(batch, False, self.lowest_score)
+        metrics.update(_episode_metrics(plays))
+        metrics.update({"time/generate_s": generate_s, "time/env_s": t1 - t0 - generate_s, "time/reward_s": t2 - t1})
+        metrics["throughput/generated_tokens_per_s"] = float(batch.response_mask.sum()) / max(generate_s, 1e-9)
+        return batch, metrics
+
+    def sync_weights(self, version: int) -> None:
+        self.version = version
+        self.engine.update_weights(version)
+
+    def state_dict(self) -> dict[str, Any]:
+        rewards = self.rewards.state_dict() if self.rewards is not None else {}
+        return {"sampler": self.sampler.state_dict(), "rewards": rewards, "lowest_score": self.lowest_score}
+
+    def load_state_dict(self, state: dict[str, Any]) -> list[str]:
+        self.sampler.load_state_dict(state["sampler"])
+        self.lowest_score = float(state.get("lowest_score", math.inf))
+        if self.rewards is None:
+            return []
+        return [f"reward {name!r}" for name in self.rewards.load_state_dict(state.get("rewards", {}))]
+
+    def start(self) -> None:
+        if self.rewards is not None:
+            self.rewards.start()
+
+    def close(self) -> None:
+        if self.rewards is not None:
+            self.rewards.close()
+
+    # ------------------------------------------------------------------ episodes
+    def _start(self, row: dict[str, Any]) -> _Play:
+        env = GuardedEnvironment(self.factory(), timeout_s=self.env.timeout_s, name=self.env.name)
+        stop_ids = [self.tokenizer.eos_token_id]
+        try:
+            first = env.reset(dict(row))
+        except EpisodeError as error:
+            episode = Episode.start(self.tokenizer, "", self.limits, stop_token_ids=stop_ids)
+            return _Play(env, episode, "", error=error)
+        episode = Episode.start(self.tokenizer, first, self.limits, stop_token_ids=stop_ids)
+        return _Play(env, episode, first, logprobs=[0.0] * len(episode.ids))
+
+    def _play(self, plays: list[_Play], step: int) -> float:
+        """Play every episode to its end, a turn at a time; returns the seconds spent generating."""
+        config, generate_s, turn = self.config, 0.0, 0
+        while active := [play for play in plays if play.active]:
+            turn += 1
+            budgets = [play.episode.budget() for play in active]
+            sampling = SamplingParams(
+                n=1,
+                max_new_tokens=max(budgets),  # each episode keeps its own budget's worth (below)
+                temperature=config.temperature_value,
+                top_p=config.sampling.top_p,
+                top_k=config.sampling.top_k,
+                stop_strings=tuple(config.sampling.stop),
+                # from (seed, step, turn): a resumed run plays exactly the same episodes
+                seed=(config.seed * 1_000_003 + step * 1009 + turn * 7919) % 2**62,
+            )
+            t0 = time.perf_counter()
+            rollouts = self.engine.generate([play.episode.ids for play in active], sampling)
+            generate_s += time.perf_counter() - t0
+            lengths = rollouts.response_lengths.tolist()
+            for i, (play, budget) in enumerate(zip(active, budgets, strict=True)):
+                # the first tokens of a longer generation are what a shorter one would have sampled
+                n = min(lengths[i], budget)
+                self._turn(play, rollouts.response_ids[i, :n].tolist(), rollouts.logprobs[i, :n].tolist())
+        return generate_s
+
+    @staticmethod
+    def _turn(play: _Play, sampled: list[int], logprobs: list[float]) -> None:
+        if not sampled:  # the engine produced nothing (a stop string at once): the turn cannot go on
+            play.episode.stop_reason = "max_new_tokens"
+            return
+        text = play.episode.add_turn(sampled)
+        play.logprobs.extend(logprobs)
+        if play.episode.finished:  # cut by its budget: the environment is not asked to answer it
+            return
+        try:
+            result = play.env.step(text)
+        except EpisodeError as error:
+            play.error = error
+            return
+        play.episode.add_result(result.observation, result.reward, result.done)
+        play.logprobs.extend([0.0] * (len(play.episode.ids) - len(play.logprobs)))
+
+    # ------------------------------------------------------------------ the batch
+    def _batch(self, plays: list[_Play], rows: list[dict[str, Any]]) -> RolloutBatch:
+        pad = self.engine.pad_id
+        prompts = [play.episode.ids[: play.episode.prompt_length] for play in plays]
+        responses = [play.episode.ids[play.episode.prompt_length :] for play in plays]
+        width_p, width_t = max(len(p) for p in prompts), max(max(len(r) for r in responses), 1)
+        b = len(plays)
+        batch_tensors = {
+            "prompt_ids": torch.full((b, width_p), pad, dtype=torch.long),
+            "prompt_mask": torch.zeros(b, width_p, dtype=torch.long),
+            "response_ids": torch.full((b, width_t), pad, dtype=torch.long),
+            "response_mask": torch.zeros(b, width_t),
+            "response_attention": torch.zeros(b, width_t, dtype=torch.long),
+            "engine_logprobs": torch.zeros(b, width_t),
+            "turn_rewards": torch.zeros(b, width_t),
+        }
+        for i, (play, prompt, response) in enumerate(zip(plays, prompts, responses, strict=True)):
+            start, n = play.episode.prompt_length, len(response)
+            t = batch_tensors
+            if prompt:
+                t["prompt_ids"][i, width_p - len(prompt) :] = torch.tensor(prompt)
+                t["prompt_mask"][i, width_p - len(prompt) :] = 1
+            if n:
+                t["response_ids"][i, :n] = torch.tensor(response)
+                t["response_mask"][i, :n] = torch.tensor(play.episode.mask[start:], dtype=torch.float32)
+                t["response_attention"][i, :n] = 1
+                t["engine_logprobs"][i, :n] = torch.tensor(play.logprobs[start : start + n])
+                t["turn_rewards"][i, :n] = torch.tensor(play.episode.token_rewards()[start:])
+        group = self.config.samples_per_prompt
+        names = list(dict.fromkeys(k for row in rows for k in row if k not in RESERVED_COLUMNS))
+        return RolloutBatch(
+            **batch_tensors,
+            group_ids=torch.arange(b) // group,
+            truncated=torch.tensor([play.episode.truncated for play in plays], dtype=torch.bool),
+            policy_version=torch.full((b,), self.version, dtype=torch.long),
+            prompts=[play.first_observation for play in plays],
+            completions=[_conversation(play) for play in plays],
+            columns={key: [row.get(key) for row in rows for _ in range(group)] for key in names},
+        )
+
+    def _scores(self, plays: list[_Play], batch: RolloutBatch) -> torch.Tensor:
+        """Each episode's return: its turn rewards plus the ``rewards=`` score of the conversation;
+        NaN for an episode that ended in an error or that nothing scored."""
+        placed = [play.episode.rewards for play in plays]
+        scores = torch.tensor([sum(r for _, r in rewards) if rewards else math.nan for rewards in placed])
+        if self.rewards is not None:
+            sampled_ids = [[t for t, m in zip(play.episode.ids, play.episode.mask, strict=True) if m] for play in plays]
+            result = self.rewards.score(
+                batch.prompts, batch.completions, sampled_ids, batch.columns, group_ids=batch.group_ids
+            )
+            batch.reward_components = result.components
+            scores = torch.where(scores.isnan(), 0.0, scores) + result.scores
+        errors = torch.tensor([play.error is not None for play in plays])
+        return torch.where(errors, math.nan, scores)
+
+    def _check_errors(self, plays: list[_Play], step: int) -> None:
+        errors = [play.error for play in plays if play.error is not None]
+        if errors and len(errors) / len(plays) > self.env.max_error_fraction:
+            raise EnvironmentErrors(
+                f"step {step}: {len(errors)} of {len(plays)} episodes ended in an environment error, more than "
+                f"env.max_error_fraction = {self.env.max_error_fraction:g}. The first: {errors[0]}"
+            )
+
+
+def _conversation(play: _Play) -> list[dict[str, Any]]:
+    """The conversation after the first observation: the policy's turns and the environment's."""
+    first = play.first_observation
+    return play.episode.messages[len(first) if isinstance(first, list) else 1 :]
+
+
+def _episode_metrics(plays: list[_Play]) -> dict[str, float]:
+    n = len(plays)
+    resolved = [bool(play.env.env.resolved) for play in plays if hasattr(play.env.env, "resolved")]
+    metrics = {
+        "env/turns_mean": sum(len(play.episode.texts) for play in plays) / n,
+        "env/errors": sum(play.error is not None for play in plays) / n,
+        "env/truncated": sum(play.episode.truncated for play in plays) / n,
+        "env/done": sum(play.episode.stop_reason == "done" for play in plays) / n,
+    }
+    if resolved:  # environments that say whether the episode reached its goal (support_bot does)
+        metrics["env/resolved"] = sum(resolved) / len(resolved)
+    return metrics

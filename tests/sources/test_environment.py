@@ -1,0 +1,188 @@
+"""The environment rollout source on a tiny model: episodes become batches whose policy tokens
+are exactly what the engine sampled, whose environment tokens are context only, whose turn
+rewards sit on the turns' last tokens, and whose broken episodes are counted, never scored 0."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+
+from posttrain.envs.section import EnvSection
+from posttrain.models.chat import chat_prompt_ids
+from posttrain.models.tiny import build_tiny_causal_lm
+from posttrain.models.tokenizers import build_char_tokenizer
+from posttrain.rollout.engine import build_engine
+from posttrain.sources.environment import EnvironmentErrors, EnvironmentSource
+from posttrain.train.rl_config import load_rl_config
+
+BASE = ["model.tiny.layers=1", "data.task=reverse", "prompts_per_step=3", "samples_per_prompt=2"]
+RECEIVED: dict[int, list[str]] = {}  # per row id: what the environments of that row received
+
+
+class Echo:
+    """Answers every turn with a fixed observation; reward 0.25 a turn, done after ``turns``;
+    raises or hangs at turn 2 for rows that ask for it."""
+
+    def __init__(self, turns: int = 3) -> None:
+        self.turns = turns
+
+    def reset(self, row):
+        self.row, self.turn = row, 0
+        RECEIVED.setdefault(row["id"], [])
+        return [{"role": "user", "content": f"go {row['id']}"}]
+
+    def step(self, completion):
+        self.turn += 1
+        RECEIVED[self.row["id"]].append(completion)
+        if self.turn == 2 and self.row.get("fail") == "raise":
+            raise RuntimeError("broken tool")
+        if self.turn == 2 and self.row.get("fail") == "hang":
+            time.sleep(5)
+        done = self.turn >= self.turns
+        return (None if done else [{"role": "user", "content": "more"}]), 0.25, done
+
+
+@pytest.fixture(scope="module")
+def policy():
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_causal_lm(len(tokenizer), layers=1, hidden=32, heads=2, seed=0, tokenizer=tokenizer)
+    return model, tokenizer
+
+
+class RecordingEngine:
+    """The real engine, keeping what it sampled for each prompt it was given."""
+
+    def __init__(self, engine):
+        self.engine, self.sampled = engine, []
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def generate(self, prompts, sampling):
+        rollouts = self.engine.generate(prompts, sampling)
+        for prompt, ids, n in zip(prompts, rollouts.response_ids, rollouts.response_lengths, strict=True):
+            self.sampled.append((list(prompt), ids[: int(n)].tolist()))
+        return rollouts
+
+
+def source_for(policy, rows, overrides=(), **env):
+    model, tokenizer = policy
+    # a random policy rarely samples EOS: turns end at a vowel (a stop string) or at 12 tokens
+    config = load_rl_config(None, [*BASE, "max_new_tokens=12", "sampling.stop=[a,e,i,o,u,A,E]", *overrides])
+    section = EnvSection(name="tests.sources.test_environment:Echo", **env)
+    engine = RecordingEngine(build_engine(model, tokenizer))
+    return EnvironmentSource(config, section, engine, tokenizer, rows, None, context_limit=512, echo=lambda s: None)
+
+
+def unpadded(batch, i):
+    prompt = batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist()
+    attended = batch.response_attention[i].bool()
+    return prompt, batch.response_ids[i][attended].tolist(), batch.response_mask[i][attended].tolist()
+
+
+def received() -> dict[int, list[str]]:
+    """RECEIVED of the module that env.name imports (pytest may import this file under another name)."""
+    import importlib
+
+    return importlib.import_module("tests.sources.test_environment").RECEIVED
+
+
+def test_episodes_keep_sampled_tokens_verbatim_and_environment_tokens_out_of_the_loss(policy):
+    received().clear()
+    rows = [{"id": i} for i in range(3)]
+    source = source_for(policy, rows)
+    batch, metrics = source.next_batch(1)
+    _, tokenizer = policy
+    assert len(batch) == 6 and batch.group_ids.tolist() == [0, 0, 1, 1, 2, 2]
+    for i in range(len(batch)):
+        prompt, response, mask = unpadded(batch, i)
+        assert tokenizer.decode(prompt) == tokenizer.decode(chat_prompt_ids(tokenizer, batch.prompts[i]))
+        # every policy turn is one engine call's output, verbatim, at mask 1, in order
+        turns, current = [], []
+        for token, m in zip(response, mask, strict=True):
+            if m:
+                current.append(token)
+            elif current:
+                turns.append(current)
+                current = []
+        turns += [current] if current else []
+        calls = [sampled for context, sampled in source.engine.sampled if context[: len(prompt)] == prompt]
+        full = prompt + response
+        for turn in turns:
+            assert any(turn == sampled[: len(turn)] for sampled in calls)
+        # what the environment received is the decoded sampled turn (special tokens skipped)
+        decoded = [tokenizer.decode(turn, skip_special_tokens=True) for turn in turns]
+        assert [m["content"] for m in batch.completions[i] if m["role"] == "assistant"] == decoded
+        # the environment's tokens: the template's rendering of its turns, never trained
+        observed = [t for t, m in zip(response, mask, strict=True) if not m]
+        assert "more" in tokenizer.decode(observed) or len(turns) == 1
+        assert len(full) == len(prompt) + len(response)
+    # the environment received every turn but one cut by its budget (it is never asked to answer that)
+    sent = [text for texts in received().values() for text in texts]
+    answered = []
+    for i, conversation in enumerate(batch.completions):
+        turns = [m["content"] for m in conversation if m["role"] == "assistant"]
+        answered += turns[:-1] if batch.truncated[i] else turns
+    assert sorted(sent) == sorted(answered)
+    assert metrics["env/errors"] == 0
+    assert metrics["env/turns_mean"] == sum(len(turns_of(c)) for c in batch.completions) / len(batch)
+    assert max(len(turns_of(c)) for c in batch.completions) == 3  # some episode went the whole way
+
+
+def turns_of(conversation):
+    return [m for m in conversation if m["role"] == "assistant"]
+
+
+def test_turn_rewards_sit_on_each_turns_last_sampled_token_and_sum_to_the_score(policy):
+    source = source_for(policy, [{"id": i} for i in range(3)], discount=0.5)
+    batch, _ = source.next_batch(1)
+    for i in range(len(batch)):
+        mask = batch.response_mask[i]
+        ends = [t for t in range(len(mask)) if mask[t] == 1 and (t + 1 == len(mask) or mask[t + 1] == 0)]
+        answered = ends[:-1] if batch.truncated[i] else ends  # a turn cut by its budget gets no answer
+        assert torch.nonzero(batch.turn_rewards[i]).flatten().tolist() == answered
+        expected = [0.25 * 0.5**k for k in range(len(answered))]  # γ^(k-1)·r_k
+        assert batch.turn_rewards[i][answered].tolist() == expected
+        if answered:
+            assert batch.scores[i].item() == pytest.approx(sum(expected))
+        else:
+            assert math.isnan(batch.scores[i].item())  # nothing scored it: left out, not 0
+
+
+@pytest.mark.parametrize("fail", ["raise", "hang"])
+def test_a_broken_environment_ends_its_episode_as_a_counted_error_never_reward_0(policy, fail):
+    rows = [{"id": 0}, {"id": 1, "fail": fail}, {"id": 2}]
+    source = source_for(policy, rows, timeout_s=0.5)
+    batch, metrics = source.next_batch(1)
+    nan = [math.isnan(batch.scores[i].item()) for i in range(len(batch))]
+    broken = [i for i in range(len(batch)) if nan[i]]
+
+    # the failing row's episodes that reached turn 2 are errors; the others are scored as usual
+    def answered_turns(i):  # a last turn cut by its budget never reaches the environment
+        return len(turns_of(batch.completions[i])) - int(batch.truncated[i])
+
+    reached = [i for i in range(len(batch)) if batch.columns["fail"][i] == fail and answered_turns(i) >= 2]
+    assert broken == reached and broken, (broken, reached)
+    assert metrics["env/errors"] == pytest.approx(len(broken) / 6)
+    # above the stated share the run stops, naming the first error
+    strict = source_for(policy, rows, timeout_s=0.5, max_error_fraction=0.1)
+    cause = "RuntimeError: broken tool" if fail == "raise" else "did not return within 0.5 s"
+    with pytest.raises(EnvironmentErrors, match=rf"{len(broken)} of 6 episodes.*0\.1.*{cause}"):
+        strict.next_batch(1)
+
+
+def test_budgets_cut_episodes_and_flag_them(policy):
+    source = source_for(policy, [{"id": i} for i in range(3)], max_turns=2)
+    batch, metrics = source.next_batch(1)
+    assert batch.truncated.all() and metrics["env/truncated"] == 1.0
+    assert max(len(turns_of(c)) for c in batch.completions) == 2
+
+
+def test_the_same_step_plays_the_same_episodes(policy):
+    first, _ = source_for(policy, [{"id": i} for i in range(3)]).next_batch(4)
+    again, _ = source_for(policy, [{"id": i} for i in range(3)]).next_batch(4)
+    assert torch.equal(first.response_ids, again.response_ids)
+    assert torch.equal(first.engine_logprobs, again.engine_logprobs)
