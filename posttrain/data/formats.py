@@ -31,13 +31,14 @@ from typing import Any
 
 from posttrain.data.loading import DataError, Row, Rows
 
-FORMATS = ("prompt", "prompt_completion", "preference", "conversational")
+FORMATS = ("prompt", "prompt_completion", "preference", "conversational", "episode")
 ROLES = ("system", "user", "assistant", "tool")
 REQUIRED = {
     "prompt": ("prompt",),
     "prompt_completion": ("prompt", "completion"),
     "preference": ("prompt", "chosen", "rejected"),
     "conversational": ("messages",),
+    "episode": (),  # any columns: the whole row goes to an environment's reset (never detected, only named)
 }
 RESPONSES = ("completion", "chosen", "rejected")  # must hold text a model can be trained on
 _SHOWN_ROWS = 5  # row indices listed per reason in a skip summary
@@ -158,6 +159,8 @@ def validate_rows(
 
 def check_row(row: Mapping[str, Any], data_format: str, prompt_column: str = "prompt") -> Problem | None:
     """The first problem of a row read as `data_format`, or None when it is valid."""
+    if data_format == "episode":
+        return None if row else Problem("(row)", "empty row", "an empty row; an episode starts from its columns")
     if data_format == "preference" and _implicit_prompt(row, prompt_column):
         return _implicit_prompt_problem(row)
     columns = {name: prompt_column if name == "prompt" else name for name in REQUIRED[data_format]}

@@ -36,8 +36,9 @@ class DataSection(Section):
     """Send every text prompt through the tokenizer's chat template as one user message, the
     assistant's turn opened (instruct models, e.g. SmolLM2-Instruct); after ``prompt_template``.
     SFT completions then are the assistant's reply. Conversational rows always use it."""
-    format: Literal["prompt", "prompt_completion", "preference", "conversational"] | None = None
-    """Row format; detected from the columns when not given."""
+    format: Literal["prompt", "prompt_completion", "preference", "conversational", "episode"] | None = None
+    """Row format; detected from the columns when not given. "episode": rows of any columns, each
+    starting an env episode (the default of a run with env)."""
     split: str | None = None
     """Split of a saved DatasetDict folder."""
     on_bad_row: Literal["error", "skip"] = "error"
@@ -141,7 +142,7 @@ def _read_rows(
     except (DataError, UnknownNameError) as error:
         sizes = f"data.n_train = {section.n_train}, data.n_eval = {section.n_eval}"
         raise DataError(f"data.task = {section.task!r} ({sizes}): {error}") from None
-    found = detect_format(list(task.train[0])) if task.train else None
+    found = detect_format(list(task.train[0])) if task.train and section.format != "episode" else section.format
     if allowed_formats is not None and found not in allowed_formats:
         needed = " or ".join(map(repr, allowed_formats))
         raise DataError(f"data.task = {section.task!r} makes {found!r} rows, but this run needs {needed}")

@@ -126,6 +126,26 @@ class EnvironmentSource:
         if self.rewards is not None:
             self.rewards.close()
 
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+        """Held-out episodes, one per row, the policy greedy: ``eval/reward`` (mean return),
+        ``eval/turns_mean``, ``eval/errors``, ``eval/truncated``, and for environments that say
+        whether an episode reached its goal ``eval/resolved`` and ``eval/turns_per_resolution``.
+        ``rewards=`` functions are not run here: the return is the environment's rewards."""
+        plays: list[_Play] = []
+        for start in range(0, len(rows), self.config.eval_batch_size):
+            chunk = [self._start(row) for row in rows[start : start + self.config.eval_batch_size]]
+            self._play(chunk, step=0, greedy=True)
+            plays += chunk
+        returns = [sum(r for _, r in p.episode.rewards) for p in plays if p.error is None and p.episode.rewards]
+        metrics = {f"eval/{k.removeprefix('env/')}": v for k, v in _episode_metrics(plays).items()}
+        metrics["eval/reward"] = sum(returns) / len(returns) if returns else math.nan
+        solved = [p for p in plays if getattr(p.env.env, "resolved", False)]
+        if "eval/resolved" in metrics:
+            turns = sum(len(p.episode.texts) for p in solved)
+            metrics["eval/turns_per_resolution"] = turns / len(solved) if solved else math.nan
+        return metrics
+
     # ------------------------------------------------------------------ episodes
     def _start(self, row: dict[str, Any]) -> _Play:
         env = GuardedEnvironment(self.factory(), timeout_s=self.env.timeout_s, name=self.env.name)
@@ -138,7 +158,7 @@ class EnvironmentSource:
         episode = Episode.start(self.tokenizer, first, self.limits, stop_token_ids=stop_ids)
         return _Play(env, episode, first, logprobs=[0.0] * len(episode.ids))
 
-    def _play(self, plays: list[_Play], step: int) -> float:
+    def _play(self, plays: list[_Play], step: int, greedy: bool = False) -> float:
         """Play every episode to its end, a turn at a time; returns the seconds spent generating."""
         config, generate_s, turn = self.config, 0.0, 0
         while active := [play for play in plays if play.active]:
@@ -150,6 +170,7 @@ class EnvironmentSource:
                 temperature=config.temperature_value,
                 top_p=config.sampling.top_p,
                 top_k=config.sampling.top_k,
+                greedy=greedy,
                 stop_strings=tuple(config.sampling.stop),
                 # from (seed, step, turn): a resumed run plays exactly the same episodes
                 seed=(config.seed * 1_000_003 + step * 1009 + turn * 7919) % 2**62,
@@ -222,17 +243,18 @@ class EnvironmentSource:
         )
 
     def _scores(self, plays: list[_Play], batch: RolloutBatch) -> torch.Tensor:
-        """Each episode's return: its turn rewards plus the ``rewards=`` score of the conversation;
-        NaN for an episode that ended in an error or that nothing scored."""
-        placed = [play.episode.rewards for play in plays]
-        scores = torch.tensor([sum(r for _, r in rewards) if rewards else math.nan for rewards in placed])
+        """Each episode's return: its turn rewards plus the ``rewards=`` score of the conversation
+        (NaN where a function has no score for it); NaN for an episode that ended in an error."""
+        # an episode the environment gave no reward (its only turn cut by the budget) returns 0:
+        # that is its return, as a single-turn completion cut short is still scored
+        scores = torch.tensor([sum(r for _, r in play.episode.rewards) for play in plays], dtype=torch.float32)
         if self.rewards is not None:
             sampled_ids = [[t for t, m in zip(play.episode.ids, play.episode.mask, strict=True) if m] for play in plays]
             result = self.rewards.score(
                 batch.prompts, batch.completions, sampled_ids, batch.columns, group_ids=batch.group_ids
             )
             batch.reward_components = result.components
-            scores = torch.where(scores.isnan(), 0.0, scores) + result.scores
+            scores = scores + result.scores
         errors = torch.tensor([play.error is not None for play in plays])
         return torch.where(errors, math.nan, scores)
 

@@ -38,6 +38,7 @@ from posttrain.config import ConfigError, dump_config
 from posttrain.data import DataError
 from posttrain.data.lengths import context_limit
 from posttrain.data.section import check_enough_rows, load_rows
+from posttrain.envs import resolve_environment
 from posttrain.memory import return_free_memory
 from posttrain.models.section import build_model_and_tokenizer, check_model_source
 from posttrain.models.value import value_model_from_policy
@@ -45,6 +46,7 @@ from posttrain.rewards import NamedReward, RewardSet
 from posttrain.rewards.registry import resolve_rewards
 from posttrain.rollout.engine import build_engine
 from posttrain.sources import RolloutSource
+from posttrain.sources.environment import EnvironmentSource
 from posttrain.sources.recorded import RecordingSource, ReplaySource, check_replay_folder
 from posttrain.sources.single_turn import SingleTurnSource
 from posttrain.telemetry import MetricsLogger, Progress, write_failure_report, write_report
@@ -59,7 +61,7 @@ from posttrain.train.checkpoint import (
 from posttrain.train.rl_batch import RolloutBatch
 from posttrain.train.rl_checks import StepWarnings, preflight_rewards
 from posttrain.train.rl_config import RLRun
-from posttrain.train.rl_eval import evaluate_held_out, logged_samples
+from posttrain.train.rl_eval import HeldOutCompletions, logged_samples
 from posttrain.train.rl_prepare import (
     BatchPreparer,
     build_kl_controller,
@@ -99,11 +101,17 @@ class OnlineRL:
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
         train_rows, task_reward = self._read_data(train_rows, held_out_rows)
-        self.rewards = RewardSet(
-            self._resolve_rewards(reward_functions, task_reward),
-            workers=config.reward_workers,
-            timeout_s=config.reward_timeout,
-            max_failed_fraction=config.reward_max_failed_fraction,
+        named = self._resolve_rewards(reward_functions, task_reward)
+        # with env and no rewards listed, the environment's own rewards are the only ones
+        self.rewards = (
+            RewardSet(
+                named,
+                workers=config.reward_workers,
+                timeout_s=config.reward_timeout,
+                max_failed_fraction=config.reward_max_failed_fraction,
+            )
+            if named
+            else None
         )
 
         torch.manual_seed(config.seed)  # the policy's initial weights do not depend on the rewards built
@@ -118,7 +126,7 @@ class OnlineRL:
         # the value model: the policy's body with a fresh scalar head (models/value.py)
         self.critic = value_model_from_policy(self.policy).train() if self.algo.critic is not None else None
         self.engine = build_engine(self.policy, tokenizer, kind=config.engine_kind, vllm_options=config.rollout.vllm)
-        self.source = self._build_source(train_rows)
+        self.source, self.evaluation = self._build_source(train_rows)
 
         self.kl_controller = build_kl_controller(self.algo.kl)
         self.running_baseline = RunningMeanBaseline() if self.algo.baseline == "running_mean" else None
@@ -146,29 +154,36 @@ class OnlineRL:
         check_enough_rows(self.rows, config.prompts_per_step, "prompts_per_step", config.data)
         self.held_out = list(held_out_rows or [])[: config.eval_size]
         self.prompt_column = config.data.prompt_column
-        missing = [i for i, row in enumerate(self.rows) if self.prompt_column not in row]
+        # an environment starts an episode from the whole row: no prompt column needed
+        missing = [i for i, row in enumerate(self.rows) if self.prompt_column not in row and config.env is None]
         if missing:
             raise DataError(f"data row {missing[0]} has no {self.prompt_column!r} column (data.prompt_column)")
         return train_rows, task_reward
 
     # ------------------------------------------------------------------ construction
-    def _build_source(self, rows: Sequence[dict[str, Any]]) -> RolloutSource:
-        """Where the batches come from: the engine and rewards (single turn), or a recording."""
-        config = self.config
+    def _build_source(self, rows: Sequence[dict[str, Any]]) -> tuple[RolloutSource, Any]:
+        """Where the batches come from — the engine and rewards (single turn), an environment's
+        episodes, or a recording — and what evaluates the held-out rows."""
+        config, limit = self.config, context_limit(self.policy)
+        evaluation: Any = HeldOutCompletions(self.policy, self.tokenizer, self.rewards, config)
         if config.rollout.replay is not None:
             source: RolloutSource = ReplaySource(config.rollout.replay)
+        elif config.env is not None:
+            args = (self.engine, self.tokenizer, rows, self.rewards, limit, self.echo)
+            source = evaluation = EnvironmentSource(config, config.env, *args)
         else:
-            limit = context_limit(self.policy)
             source = SingleTurnSource(config, self.engine, self.tokenizer, rows, self.rewards, limit, self.echo)
         if config.record_rollouts:
             source = RecordingSource(source, self.out / "rollouts")
-        return source
+        return source, evaluation
 
     def _resolve_rewards(
         self, functions: Sequence[Callable[..., Any] | NamedReward] | None, task_reward: str | None
     ) -> list[NamedReward]:
         config = self.config
         specs: list[Any] = list(functions) if functions is not None else list(config.rewards)
+        if not specs and task_reward is None and config.env is not None:
+            return []
         if not specs and task_reward is None:
             raise ConfigError(
                 "no reward functions: the rows of data.path have no built-in reward; set rewards "
@@ -241,7 +256,7 @@ class OnlineRL:
         metrics and a few sample completions."""
         t0 = time.perf_counter()
         batch, metrics = self.source.next_batch(step)
-        if step == 1 and self.config.preflight:
+        if step == 1 and self.config.preflight and self.rewards is not None:
             for note in preflight_rewards(
                 self.rewards.names,
                 batch.reward_components,
@@ -286,15 +301,18 @@ class OnlineRL:
 
     @property
     def rewards_weights(self) -> list[float]:
-        return [reward.weight for reward in self.rewards.rewards]
+        return [reward.weight for reward in self.rewards.rewards] if self.rewards is not None else []
+
+    @property
+    def last_eval(self) -> Any:
+        """The last held-out evaluation's samples (single-turn runs; None for episodes)."""
+        return getattr(self.evaluation, "last_result", None)
 
     # ------------------------------------------------------------------ evaluation, logs, checkpoints
     def evaluate(self) -> dict[str, float]:
-        """The held-out metrics of the policy now (``train/rl_eval.py``); keeps the samples."""
-        metrics, self.last_eval = evaluate_held_out(
-            self.policy, self.tokenizer, self.held_out, self.rewards, self.config
-        )
-        return metrics
+        """The held-out metrics of the policy now: greedy completions scored by the rewards
+        (``train/rl_eval.py``), or greedy episodes (``sources/environment.py``)."""
+        return self.evaluation.evaluate(self.held_out)
 
     def save(self, step: int, config_yaml: str | None = None) -> None:
         state: dict[str, Any] = {
@@ -352,6 +370,8 @@ def _check_before_loading(config: RLRun, *, model_given: bool) -> None:
         check_model_source(config.model)
     if config.rollout.replay is not None:
         check_replay_folder(config.rollout.replay, config.steps)
+    if config.env is not None:  # the class is imported and its options checked here
+        resolve_environment(config.env.name, config.env.options)
 
 
 def run_rl(

@@ -21,8 +21,35 @@ def combination_problems(config: RLRun) -> list[str]:
     """Every impossible combination of fields, each naming the fields involved."""
     problems = [*_estimator_problems(config), *_kl_problems(config.algorithm.kl), *_batch_problems(config)]
     problems += _loss_problems(config) + _option_problems(config.algorithm) + _reward_problems(config)
+    problems += _env_problems(config)
     if config.model.lora is not None and config.algorithm.critic is not None:
         problems.append("model.lora with algorithm.critic is not supported yet: train the critic in full")
+    return problems
+
+
+def _env_problems(config: RLRun) -> list[str]:
+    """What the environment source (``sources/environment.py``) does not do for episodes."""
+    if config.env is None:
+        return []
+    algo, problems = config.algorithm, []
+    if algo.baseline == "greedy":
+        problems.append(
+            "algorithm.baseline = 'greedy' (ReMax) scores one greedy single-turn completion per prompt; an "
+            "env episode has none: use a group estimator (grpo, rloo) or a critic (ppo) with env"
+        )
+    if algo.dynamic_sampling.enabled:
+        problems.append("algorithm.dynamic_sampling is not applied to env episodes yet: set enabled: false")
+    if algo.overlong.enabled:
+        problems.append(
+            "algorithm.overlong shapes single-turn lengths; env episodes have per-turn and per-episode budgets "
+            "(max_new_tokens, env.max_total_tokens): set enabled: false"
+        )
+    known = algo.advantage in ADVANTAGE_ESTIMATORS
+    if known and ADVANTAGE_ESTIMATORS.needs[algo.advantage].reward_weights and not config.rewards:
+        problems.append(
+            f"algorithm.advantage = {algo.advantage!r} normalises each reward function apart; with env and no "
+            "rewards: there is only the environment's return: use grpo or rloo, or list rewards"
+        )
     return problems
 
 

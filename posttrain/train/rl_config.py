@@ -42,6 +42,7 @@ from posttrain.config import (
     validate_config,
 )
 from posttrain.data.section import DataSection
+from posttrain.envs.section import EnvSection
 from posttrain.models.section import ModelSection
 from posttrain.rollout.vllm_engine import VLLMOptions
 from posttrain.train.rl_combinations import combination_problems, unknown_choice
@@ -196,7 +197,12 @@ class RLRun(Section):
     """Prompts (any other column reaches the reward functions)."""
     rewards: list[str | dict[str, Any]] = Field(default_factory=list)
     """Reward functions: built-in names, "pkg.module:fn" paths or {name: ..., options...};
-    empty: the built-in task's own reward."""
+    empty: the built-in task's own reward. With env they score the finished conversation (its
+    messages), added to the environment's own rewards; with env they may be left out."""
+    env: EnvSection | None = None
+    """A multi-turn environment (built-in or pkg.module:Class): each sample is an episode of
+    policy turns and environment answers, started from a row (its columns go to reset); null:
+    one completion per prompt."""
     reward_weights: list[float] | None = None
     """One weight per reward function (default 1 each)."""
     reward_workers: int | None = Field(None, ge=0)
@@ -294,6 +300,13 @@ class RLRun(Section):
     overwrite: bool = False
     """With resume "none": delete the run already in output_dir (checkpoints, final model, logs,
     report) and start over, instead of refusing."""
+
+    @model_validator(mode="after")
+    def _episode_rows(self) -> RLRun:
+        # with env a row is where an episode starts: any columns, no prompt needed
+        if self.env is not None and self.data.format is None:
+            self.data.format = "episode"
+        return self
 
     @model_validator(mode="after")
     def _check_combination(self) -> RLRun:

@@ -54,6 +54,20 @@ def evaluate_held_out(
     return metrics, result
 
 
+class HeldOutCompletions:
+    """Evaluation of a single-turn run: :func:`evaluate_held_out` of the policy now; keeps the
+    last result (``last_result``) for callers that print its samples. An environment source
+    evaluates its own way (``EnvironmentSource.evaluate``): the loop holds either."""
+
+    def __init__(self, policy: nn.Module, tokenizer: Any, rewards: RewardSet, config: RLRun) -> None:
+        self.policy, self.tokenizer, self.rewards, self.config = policy, tokenizer, rewards, config
+        self.last_result: EvalResult | None = None
+
+    def evaluate(self, rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+        metrics, self.last_result = evaluate_held_out(self.policy, self.tokenizer, rows, self.rewards, self.config)
+        return metrics
+
+
 def logged_samples(batch: RolloutBatch, count: int) -> list[dict[str, Any]]:
     """The first ``count`` samples of a prepared batch as samples.jsonl records: prompt,
     completion, reward (None where unscored) and the sample's first-token advantage."""

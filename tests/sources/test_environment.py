@@ -146,10 +146,7 @@ def test_turn_rewards_sit_on_each_turns_last_sampled_token_and_sum_to_the_score(
         assert torch.nonzero(batch.turn_rewards[i]).flatten().tolist() == answered
         expected = [0.25 * 0.5**k for k in range(len(answered))]  # γ^(k-1)·r_k
         assert batch.turn_rewards[i][answered].tolist() == expected
-        if answered:
-            assert batch.scores[i].item() == pytest.approx(sum(expected))
-        else:
-            assert math.isnan(batch.scores[i].item())  # nothing scored it: left out, not 0
+        assert batch.scores[i].item() == pytest.approx(sum(expected))  # 0 when no turn was answered
 
 
 @pytest.mark.parametrize("fail", ["raise", "hang"])
@@ -186,3 +183,40 @@ def test_the_same_step_plays_the_same_episodes(policy):
     again, _ = source_for(policy, [{"id": i} for i in range(3)]).next_batch(4)
     assert torch.equal(first.response_ids, again.response_ids)
     assert torch.equal(first.engine_logprobs, again.engine_logprobs)
+
+
+RUN = ["model.tiny.layers=1", "model.tiny.hidden=32", "model.tiny.heads=2", "data.task=support_bot"]
+RUN += ["data.n_train=24", "data.n_eval=6", "eval_size=6", "prompts_per_step=3", "samples_per_prompt=2"]
+RUN += ["max_new_tokens=12", "env.name=support_bot", "env.max_turns=3", "steps=2", "log_every=100"]
+RUN += ["learning_rate=1e-3", "log_samples=6", 'sampling.stop=["?", e, a]']
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "rloo", "ppo"])
+def test_grpo_rloo_and_ppo_train_on_episodes_unchanged(tmp_path, algorithm):
+    from posttrain.telemetry.metrics import read_jsonl
+    from posttrain.train.rl import OnlineRL
+
+    config = load_rl_config(None, [*RUN, f"algorithm={algorithm}", f"output_dir={tmp_path / 'run'}"])
+    run = OnlineRL(config, echo=lambda line: None)
+    before = {k: v.clone() for k, v in run.policy.state_dict().items()}
+    history = run.run()
+    assert [h["step"] for h in history] == [1, 2]
+    for record in history:
+        assert record["env/errors"] == 0 and 1 <= record["env/turns_mean"] <= 3
+        assert math.isfinite(record["loss/policy"]) and "env/resolved" in record
+    assert {"eval/resolved", "eval/turns_mean", "eval/reward"} <= set(history[-1])
+    assert any(not torch.equal(before[k], v) for k, v in run.policy.state_dict().items())
+    samples = read_jsonl(tmp_path / "run" / "samples.jsonl")
+    conversation = samples[0]["completion"]
+    assert conversation[0]["role"] == "assistant" and {m["role"] for m in conversation} <= {"assistant", "user"}
+
+
+def test_env_keys_are_checked_before_the_model_loads(tmp_path):
+    from posttrain.envs import EnvSpecError
+    from posttrain.train.rl import OnlineRL
+
+    config = load_rl_config(None, [*RUN, "env.name=suport_bot", f"output_dir={tmp_path / 'run'}"])
+    with pytest.raises(EnvSpecError, match=r"env\.name.*support_bot"):
+        OnlineRL(config, echo=lambda line: None)
+    with pytest.raises(Exception, match="ReMax"):
+        load_rl_config(None, [*RUN, "algorithm=remax"])
