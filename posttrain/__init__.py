@@ -21,7 +21,7 @@ rollout source         ``sources/`` — a :class:`~posttrain.sources.RolloutSour
 environment            ``envs/`` — ``@register_environment("name")``, or any
                        ``pkg.module:Class``; the class shape is the contract in
                        docs/design.md (section "Next"); episodes are assembled by
-                       ``envs/episode.py`` (the multi-turn source will sit in ``sources/``)
+                       ``envs/episode.py``; the source that plays them: ``sources/environment.py``
 rollout engine         ``rollout/`` — generate ``Rollouts`` from token ids; built by
                        ``rollout/engine.py:build_engine``
 model / data option    ``models/section.py`` / ``data/section.py`` (the ``model:`` and

@@ -68,7 +68,7 @@ class EpisodeLimits:
             raise ValueError(f"discount must be in (0, 1], got {self.discount}")
 
 
-StopReason = Literal["done", "max_turns", "max_new_tokens", "max_total_tokens", "new_sample"]
+StopReason = Literal["done", "max_turns", "max_total_tokens", "new_sample"]
 
 
 @dataclass
@@ -100,6 +100,8 @@ class Episode:
     stop_token_ids: frozenset[int] = frozenset()
     """Tokens that end a turn (the engine's stop tokens); empty: the tokenizer's EOS."""
     stop_reason: StopReason | None = None
+    cut_turns: list[int] = field(default_factory=list)
+    """Turns cut by ``max_new_tokens`` before their stop token (the environment still answers them)."""
     _rendered: list[int] = field(default_factory=list)  # the template's ids of the conversation so far
     _awaiting_result: bool = False  # a turn was added and the environment's answer not yet
 
@@ -152,8 +154,9 @@ class Episode:
 
     @property
     def truncated(self) -> bool:
-        """Cut by a limit rather than ended by the environment (nor handed on to a new sample)."""
-        return self.stop_reason in ("max_turns", "max_new_tokens", "max_total_tokens")
+        """A limit cut something: a turn (``max_new_tokens``) or the episode (``max_turns``,
+        ``max_total_tokens``), rather than the environment ending it."""
+        return self.stop_reason in ("max_turns", "max_total_tokens") or bool(self.cut_turns)
 
     @property
     def continues_as_new_sample(self) -> bool:
@@ -171,9 +174,13 @@ class Episode:
 
     def add_turn(self, sampled_ids: Sequence[int]) -> str:
         """Append the policy's sampled tokens verbatim (mask 1) and return their decoded text,
-        special tokens skipped as everywhere in posttrain: what ``env.step`` receives. A turn
-        cut by a budget before its stop token ends the episode (truncated): the environment
-        would answer a message the policy never finished."""
+        special tokens skipped as everywhere in posttrain: what ``env.step`` receives.
+
+        A turn cut by ``max_new_tokens`` before its stop token is still the policy's message: the
+        environment answers it (and charges for it, as a user would) and the turn is flagged
+        (``cut_turns``). Ending the episode there instead would give a policy that never
+        finishes a turn an episode with no costs, which RL then learns to prefer. A turn cut by
+        what is left of ``max_total_tokens`` ends the episode: there is no room to go on."""
         if self.finished:
             raise RuntimeError(f"episode finished ({self.stop_reason}); no more turns")
         sampled = [int(t) for t in sampled_ids]
@@ -188,7 +195,10 @@ class Episode:
         self.messages.append({"role": "assistant", "content": text})
         self._awaiting_result = True
         if sampled[-1] not in self.stop_token_ids and len(sampled) == budget:
-            self.stop_reason = "max_new_tokens" if budget == self.limits.max_new_tokens else "max_total_tokens"
+            if budget < self.limits.max_new_tokens:
+                self.stop_reason = "max_total_tokens"
+            else:
+                self.cut_turns.append(self.turn)
         return text
 
     def add_result(self, observation: Observation | None, reward: float | None, done: bool) -> None:
@@ -317,6 +327,33 @@ class Episode:
             expected=expected,
             got=got,
         )
+
+
+def replay_actions(
+    tokenizer: Any,
+    env: Any,
+    row: dict[str, Any],
+    actions: Sequence[str],
+    limits: EpisodeLimits,
+) -> Episode:
+    """The episode a policy that wrote ``actions`` (each then EOS) would have played against
+    ``env``: the same token ids and masks the rollout source builds, so ``(episode.ids,
+    episode.mask)`` is a supervised example training every policy turn on exactly the context
+    RL continues (a cold start for multi-turn RL). ``env`` must end the episode or answer each
+    action; its own rewards are kept in ``episode.rewards``."""
+    from posttrain.envs.base import GuardedEnvironment
+
+    guarded = GuardedEnvironment(env, timeout_s=None)
+    episode = Episode.start(tokenizer, guarded.reset(dict(row)), limits)
+    for action in actions:
+        if episode.finished:
+            raise ValueError(f"the episode ended ({episode.stop_reason}) before action {action!r}")
+        episode.add_turn([*_encode(tokenizer, action), tokenizer.eos_token_id])
+        if episode.finished:
+            break
+        result = guarded.step(episode.texts[-1])
+        episode.add_result(result.observation, result.reward, result.done)
+    return episode
 
 
 def _first_difference(prefix: Sequence[int], ids: Sequence[int]) -> int | None:

@@ -136,16 +136,14 @@ def support_rows(n: int, seed: int = 0) -> list[dict[str, str]]:
     return [{"issue": rng.choice(ISSUES).name} for _ in range(n)]
 
 
-def scripted_conversations(n: int, seed: int = 0, needless_share: float = 0.3) -> list[dict[str, Any]]:
-    """Cold-start SFT rows in the ``messages`` format (``SFTObjective.encode``), from ``n``
-    scripted conversations: the bot asks one of the two candidate clues, then gives the fix
-    the answer points to; in a ``needless_share`` of them it first asks about a clue of an
-    unrelated issue (answered "no"), so RL has turns to save. SFT trains only a row's last
-    assistant message, so each conversation gives one row per bot turn (its prefixes)."""
+def scripted_actions(n: int, seed: int = 0, needless_share: float = 0.3) -> list[tuple[dict[str, str], list[str]]]:
+    """``n`` scripted dialogues as (row, the bot's actions): the bot asks one of the two candidate
+    clues, then gives the fix the answer points to; in a ``needless_share`` of them it first asks
+    about a clue of an unrelated issue (answered "no"), so RL has turns to save."""
     if not 0.0 <= needless_share <= 1.0:
         raise ValueError(f"needless_share must be in [0, 1], got {needless_share}")
     rng = random.Random(seed)
-    rows = []
+    dialogues = []
     for _ in range(n):
         issue = rng.choice(ISSUES)
         candidates = [other for other in ISSUES if other.symptom == issue.symptom]
@@ -154,7 +152,19 @@ def scripted_conversations(n: int, seed: int = 0, needless_share: float = 0.3) -
         if rng.random() < needless_share:
             unrelated = rng.choice([other for other in ISSUES if other.symptom != issue.symptom])
             actions.insert(0, f"ask: {unrelated.clue}?")
-        rows.extend(_prefix_rows(issue, actions))
+        dialogues.append(({"issue": issue.name}, actions))
+    return dialogues
+
+
+def scripted_conversations(n: int, seed: int = 0, needless_share: float = 0.3) -> list[dict[str, Any]]:
+    """Cold-start SFT rows in the ``messages`` format (``SFTObjective.encode``) from
+    :func:`scripted_actions`. SFT on ``messages`` trains only a row's last assistant message, so
+    each conversation gives one row per bot turn (its prefixes). To train every turn of an
+    episode on exactly the tokens RL will see, replay the actions through an
+    :class:`~posttrain.envs.episode.Episode` instead (``envs/episode.py:replay_actions``)."""
+    rows = []
+    for row, actions in scripted_actions(n, seed, needless_share):
+        rows.extend(_prefix_rows(_BY_NAME[row["issue"]], actions))
     return rows
 
 

@@ -187,12 +187,9 @@ class EnvironmentSource:
 
     @staticmethod
     def _turn(play: _Play, sampled: list[int], logprobs: list[float]) -> None:
-        if not sampled:  # the engine produced nothing (a stop string at once): the turn cannot go on
-            play.episode.stop_reason = "max_new_tokens"
-            return
         text = play.episode.add_turn(sampled)
         play.logprobs.extend(logprobs)
-        if play.episode.finished:  # cut by its budget: the environment is not asked to answer it
+        if play.episode.finished:  # no room left in max_total_tokens: nothing can follow this turn
             return
         try:
             result = play.env.step(text)

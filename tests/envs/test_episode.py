@@ -201,7 +201,7 @@ def test_stop_tokens_other_than_eos(chatml):
     assert not episode.finished
     episode = Episode.start(chatml, FIRST, EpisodeLimits(max_new_tokens=len(turn)))
     episode.add_turn(turn)
-    assert episode.stop_reason == "max_new_tokens"
+    assert episode.cut_turns == [1] and not episode.finished
 
 
 def test_text_episode_appends_observations_as_their_tokens(chatml):
@@ -232,13 +232,19 @@ def test_a_turn_without_reward_places_none(chatml):
     assert episode.rewards == [] and set(episode.token_rewards()) == {0.0}
 
 
-def test_turn_cut_by_max_new_tokens_ends_the_episode_truncated(chatml):
+def test_a_turn_cut_by_max_new_tokens_is_answered_and_flagged(chatml):
+    """A policy that never finishes a turn must not escape the environment's costs: the cut turn
+    is the policy's message, answered like any other, and the episode is flagged truncated."""
     episode = Episode.start(chatml, FIRST, EpisodeLimits(max_new_tokens=4))
     assert episode.budget() == 4
-    episode.add_turn(encode(chatml, "ask: battery? ask: battery?")[:4])  # no EOS: cut by the budget
-    assert episode.finished and episode.truncated and episode.stop_reason == "max_new_tokens"
-    with pytest.raises(RuntimeError, match="finished"):
-        episode.add_result("yes", None, False)
+    cut = encode(chatml, "ask: battery? ask: battery?")[:4]  # no EOS: cut by the budget
+    text = episode.add_turn(cut)
+    assert not episode.finished and episode.truncated and episode.cut_turns == [1]
+    episode.add_result([{"role": "user", "content": "sorry?"}], -0.1, False)
+    assert episode.rewards == [(episode.turn_spans[0][1] - 1, -0.1)]
+    assert episode.ids == chat_prompt_ids(chatml, [*FIRST, {"role": "assistant", "content": text},
+                                                   {"role": "user", "content": "sorry?"}])  # fmt: skip
+    assert_masks(episode, [cut])
     with pytest.raises(ValueError, match="budget"):
         Episode.start(chatml, FIRST, EpisodeLimits(max_new_tokens=4)).add_turn(encode(chatml, "ask: battery?") * 2)
 

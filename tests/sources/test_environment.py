@@ -120,12 +120,9 @@ def test_episodes_keep_sampled_tokens_verbatim_and_environment_tokens_out_of_the
         observed = [t for t, m in zip(response, mask, strict=True) if not m]
         assert "more" in tokenizer.decode(observed) or len(turns) == 1
         assert len(full) == len(prompt) + len(response)
-    # the environment received every turn but one cut by its budget (it is never asked to answer that)
+    # the environment received every turn, those cut by max_new_tokens too (answered, and flagged)
     sent = [text for texts in received().values() for text in texts]
-    answered = []
-    for i, conversation in enumerate(batch.completions):
-        turns = [m["content"] for m in conversation if m["role"] == "assistant"]
-        answered += turns[:-1] if batch.truncated[i] else turns
+    answered = [m["content"] for conversation in batch.completions for m in turns_of(conversation)]
     assert sorted(sent) == sorted(answered)
     assert metrics["env/errors"] == 0
     assert metrics["env/turns_mean"] == sum(len(turns_of(c)) for c in batch.completions) / len(batch)
@@ -142,11 +139,11 @@ def test_turn_rewards_sit_on_each_turns_last_sampled_token_and_sum_to_the_score(
     for i in range(len(batch)):
         mask = batch.response_mask[i]
         ends = [t for t in range(len(mask)) if mask[t] == 1 and (t + 1 == len(mask) or mask[t + 1] == 0)]
-        answered = ends[:-1] if batch.truncated[i] else ends  # a turn cut by its budget gets no answer
+        answered = ends  # every turn is answered, one cut by max_new_tokens too
         assert torch.nonzero(batch.turn_rewards[i]).flatten().tolist() == answered
         expected = [0.25 * 0.5**k for k in range(len(answered))]  # γ^(k-1)·r_k
         assert batch.turn_rewards[i][answered].tolist() == expected
-        assert batch.scores[i].item() == pytest.approx(sum(expected))  # 0 when no turn was answered
+        assert batch.scores[i].item() == pytest.approx(sum(expected))
 
 
 @pytest.mark.parametrize("fail", ["raise", "hang"])
@@ -158,8 +155,8 @@ def test_a_broken_environment_ends_its_episode_as_a_counted_error_never_reward_0
     broken = [i for i in range(len(batch)) if nan[i]]
 
     # the failing row's episodes that reached turn 2 are errors; the others are scored as usual
-    def answered_turns(i):  # a last turn cut by its budget never reaches the environment
-        return len(turns_of(batch.completions[i])) - int(batch.truncated[i])
+    def answered_turns(i):
+        return len(turns_of(batch.completions[i]))
 
     reached = [i for i in range(len(batch)) if batch.columns["fail"][i] == fail and answered_turns(i) >= 2]
     assert broken == reached and broken, (broken, reached)
