@@ -37,20 +37,27 @@ import torch
 
 from posttrain.cli import main as posttrain
 from posttrain.envs.episode import EpisodeLimits, replay_actions
-from posttrain.envs.support_bot import SupportBot, scripted_actions
+from posttrain.envs.support_bot import SupportBot, scripted_actions, support_rows
 from posttrain.models.tiny import build_tiny_causal_lm
 from posttrain.models.tokenizers import build_char_tokenizer
+from posttrain.rollout.engine import build_engine
+from posttrain.sources.environment import EnvironmentSource
 from posttrain.telemetry.metrics import read_jsonl
 from posttrain.train.offline import LoopConfig, train_offline
+from posttrain.train.rl_config import load_rl_config
 from posttrain.train.sft import SFTObjective
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "support_bot_grpo.yaml"
-SFT_STEPS, QUICK_SFT_STEPS = 60, 40
+SFT_MAX_STEPS, CHECK_EVERY, VALIDATION_ROWS = 200, 10, 48
+STOP_AT, QUICK_STOP_AT = 0.9, 0.2  # greedy validation resolution that ends the cold start
 QUICK_RL = ["steps=8", "eval_every=0", "eval_size=48", "prompts_per_step=8", "samples_per_prompt=4"]
 
 
-def cold_start(out: Path, seed: int, steps: int) -> dict[str, Any]:
-    """SFT of a fresh tiny model on scripted episodes; the model is saved in ``out/final``."""
+def cold_start(out: Path, seed: int, max_steps: int, stop_at: float) -> dict[str, Any]:
+    """SFT of a fresh tiny model on scripted episodes, stopped at the first check (every
+    ``CHECK_EVERY`` steps) where greedy episodes on validation rows resolve at least ``stop_at``
+    of the issues — a bot that is often right, not always, as the lecture's cold starts are.
+    The model is saved in ``out/final``."""
     torch.manual_seed(seed)
     tokenizer = build_char_tokenizer()
     model = build_tiny_causal_lm(
@@ -59,12 +66,34 @@ def cold_start(out: Path, seed: int, steps: int) -> dict[str, Any]:
     limits = EpisodeLimits(max_new_tokens=32, max_turns=4)
     episodes = [replay_actions(tokenizer, SupportBot(), row, acts, limits) for row, acts in scripted_actions(600, seed)]
     examples = [(episode.ids, episode.mask) for episode in episodes]
+    checker = _validation_episodes(model, tokenizer, seed)
+    checks: list[tuple[int, float]] = []
+
+    def on_step(step: int, metrics: dict[str, float]) -> bool:
+        if step % CHECK_EVERY:
+            return False
+        resolved = checker.evaluate(checker.rows)["eval/resolved"]
+        metrics["eval/validation_resolved"] = resolved
+        checks.append((step, resolved))
+        print(f"[sft] step {step}: greedy validation episodes resolved {100 * resolved:.0f}%", flush=True)
+        return resolved >= stop_at
+
     config = LoopConfig(
-        steps=steps, batch_size=16, learning_rate=2e-3, warmup_steps=10, seed=seed, output_dir=str(out),
+        steps=max_steps, batch_size=16, learning_rate=2e-3, warmup_steps=10, seed=seed, output_dir=str(out),
         overwrite=True, report_to=[], log_every=20,
     )  # fmt: skip
-    history = train_offline(SFTObjective(model, tokenizer), examples, config, label="sft", progress_keys=["loss/sft"])
-    return {"sft_steps": len(history), "sft_loss": history[-1]["loss/sft"], "sft_episodes": len(examples)}
+    objective = SFTObjective(model, tokenizer)
+    history = train_offline(objective, examples, config, label="sft", progress_keys=["loss/sft"], on_step=on_step)
+    return {"sft_steps": len(history), "sft_validation_resolved": checks[-1][1] if checks else None}
+
+
+def _validation_episodes(model: Any, tokenizer: Any, seed: int) -> EnvironmentSource:
+    """Greedy support_bot episodes of the model being trained (the native engine reads its
+    live weights), the same environment settings as the RL stage."""
+    config = load_rl_config(CONFIG, ["eval_batch_size=64", f"seed={seed}"])
+    engine = build_engine(model, tokenizer)
+    rows = support_rows(VALIDATION_ROWS, seed + 7)
+    return EnvironmentSource(config, config.env, engine, tokenizer, rows, None, 512, echo=lambda line: None)
 
 
 def summarise(rl_dir: Path) -> dict[str, Any]:
@@ -83,7 +112,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     out = Path(args.output_dir)
     start = time.perf_counter()
-    summary: dict[str, Any] = cold_start(out / "sft", args.seed, QUICK_SFT_STEPS if args.quick else SFT_STEPS)
+    summary: dict[str, Any] = cold_start(
+        out / "sft", args.seed, SFT_MAX_STEPS, QUICK_STOP_AT if args.quick else STOP_AT
+    )
     summary["sft_s"] = round(time.perf_counter() - start, 1)
     rl = ["rl", "--config", str(CONFIG), f"model.path={out / 'sft' / 'final'}", f"output_dir={out / 'grpo'}"]
     rl += ["overwrite=true", f"seed={args.seed}", *(QUICK_RL if args.quick else [])]

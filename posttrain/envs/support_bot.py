@@ -82,15 +82,19 @@ def hidden_issue(row: dict[str, Any]) -> Issue:
 class SupportBot:
     """The simulated user (module docstring). Options: ``turn_cost`` (c, taken from every
     turn's reward), ``wrong_fix_cost`` (w, taken from a turn proposing a wrong fix),
-    ``max_turns`` (bot turns before the user gives up)."""
+    ``max_turns`` (bot turns before the user gives up) and ``give_up_cost`` (taken from the
+    turn where the user gives up unresolved)."""
 
-    def __init__(self, turn_cost: float = 0.1, wrong_fix_cost: float = 0.5, max_turns: int = 6) -> None:
-        if turn_cost < 0 or wrong_fix_cost < 0 or max_turns < 1:
+    def __init__(
+        self, turn_cost: float = 0.1, wrong_fix_cost: float = 0.5, max_turns: int = 6, give_up_cost: float = 1.0
+    ) -> None:
+        if turn_cost < 0 or wrong_fix_cost < 0 or give_up_cost < 0 or max_turns < 1:
             raise ValueError(
-                f"support_bot: turn_cost and wrong_fix_cost must be >= 0 and max_turns >= 1, got "
-                f"{turn_cost}, {wrong_fix_cost}, {max_turns}"
+                f"support_bot: turn_cost, wrong_fix_cost and give_up_cost must be >= 0 and max_turns >= 1, got "
+                f"{turn_cost}, {wrong_fix_cost}, {give_up_cost}, {max_turns}"
             )
         self.turn_cost, self.wrong_fix_cost, self.max_turns = turn_cost, wrong_fix_cost, max_turns
+        self.give_up_cost = give_up_cost
         self.issue: Issue | None = None
         self.turns = 0
         self.resolved = False  # read by the rollout source for env/resolved
@@ -107,7 +111,10 @@ class SupportBot:
         self.resolved = done
         reward -= self.turn_cost
         if not done and self.turns >= self.max_turns:
-            return None, reward, True  # the user gives up
+            # the user gives up, unhappy: without this cost a bot that never commits to a fix
+            # (questions, gibberish) ends at -max_turns·c, better than trying a wrong fix, and
+            # RL learns exactly that (the first run of examples/support_bot.py did)
+            return None, reward - self.give_up_cost, True
         return (None if done else [{"role": "user", "content": reply}]), reward, done
 
     def respond(self, action: str) -> tuple[str, float, bool]:

@@ -9,8 +9,10 @@ what to do, instead of a network timeout or a traceback deep inside transformers
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -134,15 +136,31 @@ def load_pretrained(
             f"{folder} has config.json but no weights (*.safetensors or *.bin; found: {_listing(folder)})"
         )
     try:
-        model = auto_class.from_pretrained(
-            folder, config=config, dtype=torch_dtype, trust_remote_code=trust_remote_code, local_files_only=True
-        )
+        with quiet_progress_bars():
+            model = auto_class.from_pretrained(
+                folder, config=config, dtype=torch_dtype, trust_remote_code=trust_remote_code, local_files_only=True
+            )
     except OSError as error:
         raise ModelLoadError(f"{folder}: transformers could not read the weights ({error})") from None
     model.to(device)
     if gradient_checkpointing:
         enable_checkpointing(model)
     return model
+
+
+@contextlib.contextmanager
+def quiet_progress_bars() -> Iterator[None]:
+    """transformers draws a progress bar for every one-shard save and load; in a training log
+    they are noise between the lines that matter."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
 
 
 def enable_checkpointing(model: PreTrainedModel) -> None:

@@ -85,6 +85,7 @@ class EnvironmentSource:
         self.sampler = EpochSampler(len(self.rows), config.prompts_per_step, config.seed)
         self.lowest_score = math.inf
         self.version = 0
+        self.last_result: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ the RolloutSource protocol
     def next_batch(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
@@ -99,6 +100,10 @@ class EnvironmentSource:
         self._check_errors(plays, step)
         metrics, self.lowest_score = reward_metrics(batch, False, self.lowest_score)
         metrics.update(_episode_metrics(plays))
+        # the step warnings read this as "turns cut by max_new_tokens"; whole episodes cut by any
+        # limit are env/truncated
+        turns = sum(len(play.episode.texts) for play in plays)
+        metrics["response/truncated_fraction"] = sum(len(play.episode.cut_turns) for play in plays) / max(turns, 1)
         metrics.update({"time/generate_s": generate_s, "time/env_s": t1 - t0 - generate_s, "time/reward_s": t2 - t1})
         metrics["throughput/generated_tokens_per_s"] = float(batch.response_mask.sum()) / max(generate_s, 1e-9)
         return batch, metrics
@@ -131,12 +136,14 @@ class EnvironmentSource:
         """Held-out episodes, one per row, the policy greedy: ``eval/reward`` (mean return),
         ``eval/turns_mean``, ``eval/errors``, ``eval/truncated``, and for environments that say
         whether an episode reached its goal ``eval/resolved`` and ``eval/turns_per_resolution``.
-        ``rewards=`` functions are not run here: the return is the environment's rewards."""
+        ``rewards=`` functions are not run here: the return is the environment's rewards. The
+        episodes are kept in ``last_result`` (prompt, conversation, return, resolved, error)."""
         plays: list[_Play] = []
         for start in range(0, len(rows), self.config.eval_batch_size):
             chunk = [self._start(row) for row in rows[start : start + self.config.eval_batch_size]]
             self._play(chunk, step=0, greedy=True)
             plays += chunk
+        self.last_result = [_episode_record(play) for play in plays]
         returns = [sum(r for _, r in p.episode.rewards) for p in plays if p.error is None and p.episode.rewards]
         metrics = {f"eval/{k.removeprefix('env/')}": v for k, v in _episode_metrics(plays).items()}
         metrics["eval/reward"] = sum(returns) / len(returns) if returns else math.nan
@@ -268,6 +275,17 @@ def _conversation(play: _Play) -> list[dict[str, Any]]:
     """The conversation after the first observation: the policy's turns and the environment's."""
     first = play.first_observation
     return play.episode.messages[len(first) if isinstance(first, list) else 1 :]
+
+
+def _episode_record(play: _Play) -> dict[str, Any]:
+    return {
+        "prompt": play.first_observation,
+        "conversation": _conversation(play),
+        "return": sum(r for _, r in play.episode.rewards),
+        "resolved": getattr(play.env.env, "resolved", None),
+        "truncated": play.episode.truncated,
+        "error": None if play.error is None else str(play.error),
+    }
 
 
 def _episode_metrics(plays: list[_Play]) -> dict[str, float]:

@@ -16,14 +16,12 @@ run directory at once.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import random
 import re
 import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +30,7 @@ import numpy as np
 import torch
 
 from posttrain.errors import PosttrainError
+from posttrain.models.loading import quiet_progress_bars
 
 MARKER = "COMPLETE"
 STATE_FILE = "training_state.pt"
@@ -66,21 +65,6 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-@contextlib.contextmanager
-def quiet_progress_bars() -> Iterator[None]:
-    """transformers draws a progress bar for every one-shard save; in a training log they are
-    noise between the lines that matter."""
-    from transformers.utils import logging as hf_logging
-
-    enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if enabled:
-            hf_logging.enable_progress_bar()
 
 
 def save_checkpoint(

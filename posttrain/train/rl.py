@@ -305,7 +305,8 @@ class OnlineRL:
 
     @property
     def last_eval(self) -> Any:
-        """The last held-out evaluation's samples (single-turn runs; None for episodes)."""
+        """The last held-out evaluation's samples: an ``EvalResult`` of single-turn runs, a list
+        of episode records (``sources/environment.py``) with env."""
         return getattr(self.evaluation, "last_result", None)
 
     # ------------------------------------------------------------------ evaluation, logs, checkpoints

@@ -75,10 +75,11 @@ def test_wrong_fix_does_not_resolve_and_costs():
 
 
 def test_turn_cost_is_an_option_and_the_user_gives_up_after_max_turns():
-    bot = resolve_environment("support_bot", {"turn_cost": 0.25, "max_turns": 3})()
+    bot = resolve_environment("support_bot", {"turn_cost": 0.25, "max_turns": 3, "give_up_cost": 2.0})()
     bot.reset({"issue": "dim_screen"})
     results = [bot.step("ask: driver?"), bot.step("hello"), bot.step("ask: cord?")]
-    assert [reward for _, reward, _ in results] == [-0.25, -0.25, -0.25]
+    # giving up costs more than trying a wrong fix: a bot that never commits must not come out ahead
+    assert [reward for _, reward, _ in results] == [-0.25, -0.25, -0.25 - 2.0]
     assert user_text(results[1][0]).startswith("sorry?")  # not an action: the format is repeated
     assert [done for _, _, done in results] == [False, False, True]
     assert results[2][0] is None  # gave up: no more messages

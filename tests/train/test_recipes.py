@@ -53,7 +53,7 @@ TINY = ["model.tiny.layers=1", "model.tiny.hidden=32", "model.tiny.heads=2"]
         (["model.lora.r=0"], "model.lora.r = 0"),
         (["model.lora.dropout=1.5"], "model.lora.dropout = 1.5"),
         (["data.tsk=reverse"], "Did you mean 'data.task'?"),
-        (["data.format=chat"], "'prompt', 'prompt_completion', 'preference' or 'conversational'"),
+        (["data.format=chat"], "'prompt', 'prompt_completion', 'preference', 'conversational' or 'episode'"),
         (["data.on_bad_row=ignore"], "'error' or 'skip'"),
         (["data.n_train=0"], "data.n_train = 0"),
         (["data.task=null"], "set data.path (a local file or folder) or data.task"),
