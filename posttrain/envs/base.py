@@ -25,11 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import inspect
 import math
-import os
-import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -37,6 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from posttrain.algos.registry import Registry
 from posttrain.errors import PosttrainError
+from posttrain.user_code import import_named
 
 Observation = str | list[dict[str, Any]]
 """Prompt text, or chat messages ``[{"role": ..., "content": ...}]``."""
@@ -127,23 +125,8 @@ def _builtin(name: str) -> Any:
 
 
 def _import_class(path: str) -> Any:
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise EnvSpecError(f"env.name {path!r} must look like 'package.module:Class' (or a built-in: {_builtins()})")
-    # the user's modules live in the working directory, which a console script does not put on sys.path
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise EnvSpecError(f"env.name {path!r}: cannot import module {module_name!r} ({error})") from None
-    except Exception as error:  # the user's module is broken: say where, not a traceback into importlib
-        raise EnvSpecError(
-            f"env.name {path!r}: importing {module_name!r} raised {type(error).__name__}: {error}"
-        ) from error
-    cls = getattr(module, attr, None)
-    if cls is None:
-        raise EnvSpecError(f"env.name {path!r}: module {module_name!r} has no attribute {attr!r}")
+    malformed = f"env.name {path!r} must look like 'package.module:Class' (or a built-in: {_builtins()})"
+    cls = import_named(path, what="env.name", malformed=malformed, error=EnvSpecError)
     missing = [method for method in ("reset", "step") if not callable(getattr(cls, method, None))]
     if not callable(cls) or missing:
         raise EnvSpecError(

@@ -36,16 +36,14 @@ is run, not options of it, and work for every entry:
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import os
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.algos.registry import Registry
 from posttrain.errors import PosttrainError
+from posttrain.user_code import import_named
 
 RewardFn = Callable[..., Any]
 
@@ -209,25 +207,8 @@ def _timeout(spec: str, value: Any) -> float | None:
 
 
 def _import_path(path: str) -> RewardFn:
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise RewardSpecError(f"reward path {path!r} must look like 'package.module:function'")
-    # the user's own modules live in the working directory, which `posttrain` (a console
-    # script) does not put on sys.path by itself
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise RewardSpecError(f"reward {path!r}: cannot import module {module_name!r} ({error})") from None
-    except Exception as error:  # the user's module is broken: say where, not a traceback into importlib
-        raise RewardSpecError(
-            f"reward {path!r}: importing {module_name!r} raised {type(error).__name__}: {error}"
-        ) from error
-    try:
-        fn = getattr(module, attr)
-    except AttributeError:
-        raise RewardSpecError(f"reward {path!r}: module {module_name!r} has no attribute {attr!r}") from None
+    malformed = f"reward path {path!r} must look like 'package.module:function'"
+    fn = import_named(path, what="reward", malformed=malformed, error=RewardSpecError)
     if not callable(fn):
         raise RewardSpecError(f"reward {path!r} is not callable")
     return fn
