@@ -256,6 +256,11 @@ class Episode:
             stop_token_ids=sorted(self.stop_token_ids),
         )
 
+    @property
+    def total_reward(self) -> float:
+        """The sum of the turn rewards placed so far (discounted as placed): the episode's return."""
+        return sum(reward for _, reward in self.rewards)
+
     def token_rewards(self) -> list[float]:
         """One reward per token of ``ids``: each turn's reward on its last sampled token, 0 elsewhere."""
         rewards = [0.0] * len(self.ids)

@@ -144,7 +144,7 @@ class EnvironmentSource:
             self._play(chunk, step=0, greedy=True)
             plays += chunk
         self.last_result = [_episode_record(play) for play in plays]
-        returns = [sum(r for _, r in p.episode.rewards) for p in plays if p.error is None and p.episode.rewards]
+        returns = [p.episode.total_reward for p in plays if p.error is None and p.episode.rewards]
         metrics = {f"eval/{k.removeprefix('env/')}": v for k, v in _episode_metrics(plays).items()}
         metrics["eval/reward"] = sum(returns) / len(returns) if returns else math.nan
         solved = [p for p in plays if getattr(p.env.env, "resolved", False)]
@@ -251,7 +251,7 @@ class EnvironmentSource:
         (NaN where a function has no score for it); NaN for an episode that ended in an error."""
         # an episode the environment gave no reward (its only turn cut by the budget) returns 0:
         # that is its return, as a single-turn completion cut short is still scored
-        scores = torch.tensor([sum(r for _, r in play.episode.rewards) for play in plays], dtype=torch.float32)
+        scores = torch.tensor([play.episode.total_reward for play in plays], dtype=torch.float32)
         if self.rewards is not None:
             sampled_ids = [[t for t, m in zip(play.episode.ids, play.episode.mask, strict=True) if m] for play in plays]
             result = self.rewards.score(
@@ -281,7 +281,7 @@ def _episode_record(play: _Play) -> dict[str, Any]:
     return {
         "prompt": play.first_observation,
         "conversation": _conversation(play),
-        "return": sum(r for _, r in play.episode.rewards),
+        "return": play.episode.total_reward,
         "resolved": getattr(play.env.env, "resolved", None),
         "truncated": play.episode.truncated,
         "error": None if play.error is None else str(play.error),

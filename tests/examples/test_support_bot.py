@@ -3,29 +3,17 @@ through `posttrain rl`; the summary's figures are what the runs logged."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from posttrain.telemetry.metrics import read_jsonl
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_example():
-    spec = importlib.util.spec_from_file_location("posttrain_example_support_bot", ROOT / "examples" / "support_bot.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.examples import load_example
 
 
 @pytest.mark.slow
 def test_the_support_bot_example_runs_both_stages_and_reports_what_it_measured(tmp_path):
-    summary = load_example().main(["--quick", "--output-dir", str(tmp_path)])
+    summary = load_example("support_bot").main(["--quick", "--output-dir", str(tmp_path)])
     assert summary == json.loads((tmp_path / "summary.json").read_text())
     # the cold start stopped at its first validation check at or above the quick threshold
     assert summary["sft_validation_resolved"] >= 0.2 and summary["sft_steps"] < 200
