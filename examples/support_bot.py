@@ -7,18 +7,21 @@ truthfully and says "thanks, it works now!" when the bot gives the right fix (re
 over); every bot turn costs 0.1, a wrong fix 0.5 more.
 
 1. **Cold start**: a tiny Llama and a character tokenizer are built here and fine-tuned on
-   scripted dialogues — ask one of the two candidate clues, then the fix the answer points to;
-   a third of them first ask a needless question. Each dialogue is replayed through the
+   scripted dialogues of a *searching* bot — it asks about the clues in a random order,
+   whatever the symptom, until the user says "yes.", then gives that clue's fix; four turns at
+   most, so when the clue comes late the user gives up. Each dialogue is replayed through the
    environment into the token ids and masks RL itself builds (``envs/episode.py:
-   replay_actions``), so every bot turn is trained on exactly the context RL continues. SFT
-   stops early, leaving a bot that often resolves the issue but not always, nor in the fewest
-   turns.
+   replay_actions``), so every bot turn is trained on exactly the context RL continues. The
+   bot learns the language and that a "yes." names the fix, not which clues fit the symptom.
 2. **RL**: ``posttrain rl --config configs/support_bot_grpo.yaml``: GRPO over whole episodes,
    each turn's reward on its last token, the environment's tokens in the context but never
    trained.
 
 Printed and written to ``summary.json``: held-out resolution rate, turns per resolved
-conversation and mean return, greedy, before and after RL, and a dialogue of each.
+conversation, turns per conversation and mean return, [before, after] RL, greedy and over
+four sampled episodes per row (``eval_k``: the sampled bot is the one RL trains; the greedy
+one resolves only when its first question hits, so its turns per resolution start at the
+minimum of 2), and the greedy bot's dialogues on three issues before and after.
 
     python examples/support_bot.py               # runs/support_bot/{sft,grpo}
     python examples/support_bot.py --quick       # the test's shortened version
@@ -38,6 +41,7 @@ import torch
 from posttrain.cli import main as posttrain
 from posttrain.envs.episode import EpisodeLimits, replay_actions
 from posttrain.envs.support_bot import SupportBot, scripted_actions, support_rows
+from posttrain.models.loading import load_causal_lm, load_tokenizer
 from posttrain.models.tiny import build_tiny_causal_lm
 from posttrain.models.tokenizers import build_char_tokenizer
 from posttrain.rollout.engine import build_engine
@@ -48,60 +52,61 @@ from posttrain.train.rl_config import load_rl_config
 from posttrain.train.sft import SFTObjective
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "support_bot_grpo.yaml"
-SFT_MAX_STEPS, CHECK_EVERY, VALIDATION_ROWS = 200, 10, 48
-STOP_AT, QUICK_STOP_AT = 0.9, 0.2  # greedy validation resolution that ends the cold start
-QUICK_RL = ["steps=8", "eval_every=0", "eval_size=48", "prompts_per_step=8", "samples_per_prompt=4"]
+SFT_STEPS, SCRIPTED_EPISODES = 300, 600
+BEFORE_AFTER = (("before", "sft"), ("after", "grpo"))
+QUICK_RL = ["steps=30", "eval_every=0", "eval_size=48"]  # the same cold start, a third of the RL
 
 
-def cold_start(out: Path, seed: int, max_steps: int, stop_at: float) -> dict[str, Any]:
-    """SFT of a fresh tiny model on scripted episodes, stopped at the first check (every
-    ``CHECK_EVERY`` steps) where greedy episodes on validation rows resolve at least ``stop_at``
-    of the issues — a bot that is often right, not always, as the lecture's cold starts are.
-    The model is saved in ``out/final``."""
+def cold_start(out: Path, seed: int, steps: int) -> dict[str, Any]:
+    """SFT of a fresh tiny model on scripted episodes of the searching bot
+    (:func:`~posttrain.envs.support_bot.scripted_actions`), saved in ``out/final``."""
     torch.manual_seed(seed)
     tokenizer = build_char_tokenizer()
     model = build_tiny_causal_lm(
         len(tokenizer), arch="llama", layers=2, hidden=128, heads=4, seed=seed, tokenizer=tokenizer, max_positions=512
     )
-    limits = EpisodeLimits(max_new_tokens=32, max_turns=4)
-    episodes = [replay_actions(tokenizer, SupportBot(), row, acts, limits) for row, acts in scripted_actions(600, seed)]
-    examples = [(episode.ids, episode.mask) for episode in episodes]
-    checker = _validation_episodes(model, tokenizer, seed)
-    checks: list[tuple[int, float]] = []
-
-    def on_step(step: int, metrics: dict[str, float]) -> bool:
-        if step % CHECK_EVERY:
-            return False
-        resolved = checker.evaluate(checker.rows)["eval/resolved"]
-        metrics["eval/validation_resolved"] = resolved
-        checks.append((step, resolved))
-        print(f"[sft] step {step}: greedy validation episodes resolved {100 * resolved:.0f}%", flush=True)
-        return resolved >= stop_at
-
+    env_options = load_rl_config(CONFIG, []).env.options
+    limits = EpisodeLimits(max_new_tokens=32, max_turns=env_options["max_turns"])
+    scripts = scripted_actions(SCRIPTED_EPISODES, seed, max_turns=env_options["max_turns"])
+    episodes = [replay_actions(tokenizer, SupportBot(**env_options), row, actions, limits) for row, actions in scripts]
     config = LoopConfig(
-        steps=max_steps, batch_size=16, learning_rate=2e-3, warmup_steps=10, seed=seed, output_dir=str(out),
-        overwrite=True, report_to=[], log_every=20,
+        steps=steps, batch_size=16, learning_rate=2e-3, warmup_steps=10, seed=seed, output_dir=str(out),
+        overwrite=True, report_to=[], log_every=50,
     )  # fmt: skip
     objective = SFTObjective(model, tokenizer)
-    history = train_offline(objective, examples, config, label="sft", progress_keys=["loss/sft"], on_step=on_step)
-    return {"sft_steps": len(history), "sft_validation_resolved": checks[-1][1] if checks else None}
-
-
-def _validation_episodes(model: Any, tokenizer: Any, seed: int) -> EnvironmentSource:
-    """Greedy support_bot episodes of the model being trained (the native engine reads its
-    live weights), the same environment settings as the RL stage."""
-    config = load_rl_config(CONFIG, ["eval_batch_size=64", f"seed={seed}"])
-    engine = build_engine(model, tokenizer)
-    rows = support_rows(VALIDATION_ROWS, seed + 7)
-    return EnvironmentSource(config, config.env, engine, tokenizer, rows, None, 512, echo=lambda line: None)
+    examples = [(episode.ids, episode.mask) for episode in episodes]
+    history = train_offline(objective, examples, config, label="sft", progress_keys=["loss/sft"])
+    return {"sft_steps": len(history)}
 
 
 def summarise(rl_dir: Path) -> dict[str, Any]:
-    """Greedy held-out figures of the first and the last evaluation of the RL run."""
+    """Held-out figures, [before, after], of the first and the last evaluation of the RL run:
+    greedy and over the sampled episodes."""
     evals = [r for r in read_jsonl(rl_dir / "metrics.jsonl") if "eval/resolved" in r]
     first, last = evals[0], evals[-1]
-    keys = {"resolved": "eval/resolved", "turns_per_resolution": "eval/turns_per_resolution", "return": "eval/reward"}
-    return {name: [first[key], last[key]] for name, key in keys.items()}
+    figures = {"resolved": "resolved", "turns_per_resolution": "turns_per_resolution", "turns": "turns_mean"}
+    figures["return"] = "reward"
+    summary = {}
+    for mode, prefix in (("greedy", "eval/"), ("sampled", "eval/sampled_")):
+        for name, key in figures.items():
+            if prefix + key in first:
+                summary[f"{mode}_{name}"] = [first[prefix + key], last[prefix + key]]
+    return summary
+
+
+def dialogues(model_dir: Path, rows: list[dict[str, Any]]) -> list[str]:
+    """Greedy episodes of a saved bot on ``rows``, as readable text (the RL stage's settings)."""
+    model, tokenizer = load_causal_lm(model_dir), load_tokenizer(model_dir)
+    config = load_rl_config(CONFIG, ["prompts_per_step=1", "eval_k=0"])
+    source = EnvironmentSource(config, config.env, build_engine(model, tokenizer), tokenizer, rows, None, 512)
+    source.evaluate(rows)
+    shown = []
+    for episode in source.last_result:
+        opening = episode["prompt"][-1]["content"].split("\n")[-1]
+        turns = [f"{'bot' if m['role'] == 'assistant' else 'user'}: {m['content']}" for m in episode["conversation"]]
+        end = "resolved" if episode["resolved"] else "not resolved"
+        shown.append(" | ".join([f"user: {opening}", *turns]) + f"  [{end}, return {episode['return']:+.1f}]")
+    return shown
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -112,9 +117,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     out = Path(args.output_dir)
     start = time.perf_counter()
-    summary: dict[str, Any] = cold_start(
-        out / "sft", args.seed, SFT_MAX_STEPS, QUICK_STOP_AT if args.quick else STOP_AT
-    )
+    summary: dict[str, Any] = cold_start(out / "sft", args.seed, SFT_STEPS)
     summary["sft_s"] = round(time.perf_counter() - start, 1)
     rl = ["rl", "--config", str(CONFIG), f"model.path={out / 'sft' / 'final'}", f"output_dir={out / 'grpo'}"]
     rl += ["overwrite=true", f"seed={args.seed}", *(QUICK_RL if args.quick else [])]
@@ -122,6 +125,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit("the RL stage failed")
     summary["rl_s"] = round(time.perf_counter() - start - summary["sft_s"], 1)
     summary.update(summarise(out / "grpo"))
+    rows = support_rows(3, seed=12345)  # the same three issues, before and after
+    summary["dialogues"] = {stage: dialogues(out / name / "final", rows) for stage, name in BEFORE_AFTER}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
     return summary

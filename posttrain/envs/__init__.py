@@ -2,8 +2,8 @@
 caller (``base.py``), token-in/token-out episode assembly with the chat-template prefix check
 (``episode.py``), and the built-ins ``support_bot``, ``calculator`` and ``python``.
 
-Importing this package registers the built-ins in :data:`ENVIRONMENTS`. The multi-turn
-rollout source that drives episodes with the engine is not here yet.
+Importing this package registers the built-ins in :data:`ENVIRONMENTS`. The rollout source
+that plays episodes with the engine is ``posttrain/sources/environment.py``.
 """
 
 from posttrain.envs import calculator, python_tool, support_bot  # noqa: F401  (registers the built-ins)
@@ -16,6 +16,7 @@ from posttrain.envs.base import (
     StepResult,
     register_environment,
     resolve_environment,
+    run_concurrently,
 )
 from posttrain.envs.episode import Episode, EpisodeLimits, TemplatePrefixError
 
@@ -31,4 +32,5 @@ __all__ = [
     "TemplatePrefixError",
     "register_environment",
     "resolve_environment",
+    "run_concurrently",
 ]

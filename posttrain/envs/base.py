@@ -28,7 +28,7 @@ import contextlib
 import inspect
 import math
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -221,6 +221,30 @@ class GuardedEnvironment:
         )
         episode_error.__cause__ = error
         return episode_error
+
+
+def run_concurrently(calls: Sequence[Callable[[], Awaitable[Any]]], limit: int) -> list[Any | EpisodeError]:
+    """Await ``calls`` (each makes one guarded call, e.g. ``lambda: env.astep(text)``) on one
+    event loop, at most ``limit`` at a time; returns each one's result, or its
+    :class:`EpisodeError` in its place. Sync environments run in their own threads meanwhile,
+    async ones interleave on the loop, so a batch of slow tools (a sandboxed program, a web
+    call) takes about the time of the slowest rather than the sum."""
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+
+    async def gather() -> list[Any | EpisodeError]:
+        slots = asyncio.Semaphore(limit)
+
+        async def one(call: Callable[[], Awaitable[Any]]) -> Any | EpisodeError:
+            async with slots:
+                try:
+                    return await call()
+                except EpisodeError as error:
+                    return error
+
+        return await asyncio.gather(*(one(call) for call in calls))
+
+    return asyncio.run(gather()) if calls else []
 
 
 class _Raised(Exception):

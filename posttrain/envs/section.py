@@ -28,6 +28,9 @@ class EnvSection(Section):
     """γ per turn: turn k's reward counts γ^(k-1) (the estimators' own γ counts tokens)."""
     timeout_s: float = Field(30.0, gt=0)
     """Seconds one reset or step may take; longer is an episode error."""
+    max_concurrent: int = Field(64, ge=1)
+    """Environments reset or stepped at once (sync ones each in a thread, async ones on one
+    event loop): a turn of slow tools takes about the slowest one's time, not the sum."""
     max_error_fraction: float = Field(0.5, ge=0, le=1)
     """Share of a batch's episodes that may end in an environment error (left out of the loss,
     never scored 0) before the run stops naming the first error."""

@@ -11,12 +11,13 @@ an ending of the environment itself, unlike ``env.max_turns``, which truncates a
 environment from outside).
 
 Made to be learnable by a tiny character-level model: the bot's whole action language is the
-two regular forms above, stated with the valid words in the first message, so a short SFT on
-:func:`scripted_conversations` teaches the format and RL can then learn which clue to ask
-for which symptom (one question always tells the two issues apart) and which fix follows
-the answer. Guessing a fix without asking pays 1 - c half of the time and 1 - 2c - w the
-other half, asking first pays 1 - 2c: with the defaults (c = 0.1, w = 0.5) asking is better,
-and needless extra questions cost c each.
+two regular forms above, stated with the valid words in the first message. A cold start on
+:func:`scripted_actions` (a bot that searches the clues in a random order until a "yes.")
+teaches the language and that a "yes." names the fix; RL can then learn which clues fit the
+symptom. The best policy asks one of the symptom's two candidate clues and then fixes: the
+clue's fix after "yes.", the other candidate's after "no." — always resolved, in two turns,
+return 1 - 2c. Guessing a fix without asking pays 1 - c half of the time and 1 - 2c - w the
+other half (worse with the defaults c = 0.1, w = 0.5), and every needless question costs c.
 """
 
 from __future__ import annotations
@@ -143,34 +144,34 @@ def support_rows(n: int, seed: int = 0) -> list[dict[str, str]]:
     return [{"issue": rng.choice(ISSUES).name} for _ in range(n)]
 
 
-def scripted_actions(n: int, seed: int = 0, needless_share: float = 0.3) -> list[tuple[dict[str, str], list[str]]]:
-    """``n`` scripted dialogues as (row, the bot's actions): the bot asks one of the two candidate
-    clues, then gives the fix the answer points to; in a ``needless_share`` of them it first asks
-    about a clue of an unrelated issue (answered "no"), so RL has turns to save."""
-    if not 0.0 <= needless_share <= 1.0:
-        raise ValueError(f"needless_share must be in [0, 1], got {needless_share}")
+def scripted_actions(n: int, seed: int = 0, max_turns: int = 4) -> list[tuple[dict[str, str], list[str]]]:
+    """``n`` scripted dialogues as (row, the bot's actions) of a *searching* bot: it asks about
+    the clues in a random order, whatever the symptom, until the user says "yes.", then gives
+    that clue's fix; cut to ``max_turns`` actions (when the clue comes too late the user gives
+    up). A cold start on these teaches the action language and that a "yes." names the fix, but
+    not which clues fit the symptom: that is left to RL, which can resolve more issues (ask one
+    of the symptom's two candidate clues first) in fewer turns."""
+    if max_turns < 2:
+        raise ValueError(f"max_turns must be >= 2 (a question and a fix), got {max_turns}")
     rng = random.Random(seed)
     dialogues = []
     for _ in range(n):
         issue = rng.choice(ISSUES)
-        candidates = [other for other in ISSUES if other.symptom == issue.symptom]
-        asked = rng.choice(candidates)
-        actions = [f"ask: {asked.clue}?", f"fix: {issue.fix}"]
-        if rng.random() < needless_share:
-            unrelated = rng.choice([other for other in ISSUES if other.symptom != issue.symptom])
-            actions.insert(0, f"ask: {unrelated.clue}?")
-        dialogues.append(({"issue": issue.name}, actions))
+        order = rng.sample(CLUES, len(CLUES))
+        found = order.index(issue.clue)
+        actions = [f"ask: {clue}?" for clue in order[: found + 1]] + [f"fix: {issue.fix}"]
+        dialogues.append(({"issue": issue.name}, actions[:max_turns]))
     return dialogues
 
 
-def scripted_conversations(n: int, seed: int = 0, needless_share: float = 0.3) -> list[dict[str, Any]]:
+def scripted_conversations(n: int, seed: int = 0, max_turns: int = 4) -> list[dict[str, Any]]:
     """Cold-start SFT rows in the ``messages`` format (``SFTObjective.encode``) from
     :func:`scripted_actions`. SFT on ``messages`` trains only a row's last assistant message, so
     each conversation gives one row per bot turn (its prefixes). To train every turn of an
     episode on exactly the tokens RL will see, replay the actions through an
     :class:`~posttrain.envs.episode.Episode` instead (``envs/episode.py:replay_actions``)."""
     rows = []
-    for row, actions in scripted_actions(n, seed, needless_share):
+    for row, actions in scripted_actions(n, seed, max_turns):
         rows.extend(_prefix_rows(_BY_NAME[row["issue"]], actions))
     return rows
 
@@ -182,9 +183,7 @@ def _prefix_rows(issue: Issue, actions: list[str]) -> list[dict[str, Any]]:
     for action in actions:
         messages = [*messages, {"role": "assistant", "content": action}]
         rows.append({"messages": messages})
-        reply, _, done = user.step(action)
+        reply, _, _ = user.step(action)
         if reply is not None:
             messages = [*messages, *reply]
-    if not done:  # a bug of the script above, not of any data
-        raise RuntimeError(f"scripted conversation for {issue.name} did not resolve: {actions}")
     return rows

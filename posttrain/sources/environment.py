@@ -4,7 +4,8 @@ Per step it draws ``prompts_per_step`` rows and plays ``samples_per_prompt`` epi
 (a group = the episodes of one row, as GRPO/RLOO compare them). Every episode gets its own
 environment instance (``env.name``/``env.options``), reset with the row. Turns are played in
 lock-step over the episodes still going: one ``engine.generate`` call per turn continues each
-episode's token ids (never re-tokenised: ``envs/episode.py``), then each environment answers.
+episode's token ids (never re-tokenised: ``envs/episode.py``), then the environments answer,
+``env.max_concurrent`` at a time (``envs/base.py:run_concurrently``).
 
 The batch an episode becomes: the first observation is the prompt; everything after it is the
 response, the policy's turns with ``response_mask`` 1 and the environment's tokens between
@@ -27,7 +28,7 @@ from typing import Any
 
 import torch
 
-from posttrain.envs import EpisodeError, GuardedEnvironment, resolve_environment
+from posttrain.envs import EpisodeError, GuardedEnvironment, resolve_environment, run_concurrently
 from posttrain.envs.episode import Episode, EpisodeLimits
 from posttrain.envs.section import EnvSection
 from posttrain.errors import PosttrainError
@@ -91,7 +92,7 @@ class EnvironmentSource:
     def next_batch(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
         rows = [self.rows[i] for i in self.sampler.next_batch()]
         t0 = time.perf_counter()
-        plays = [self._start(row) for row in rows for _ in range(self.config.samples_per_prompt)]
+        plays = self._start([row for row in rows for _ in range(self.config.samples_per_prompt)])
         generate_s = self._play(plays, step)
         t1 = time.perf_counter()
         batch = self._batch(plays, rows)
@@ -136,34 +137,44 @@ class EnvironmentSource:
         """Held-out episodes, one per row, the policy greedy: ``eval/reward`` (mean return),
         ``eval/turns_mean``, ``eval/errors``, ``eval/truncated``, and for environments that say
         whether an episode reached its goal ``eval/resolved`` and ``eval/turns_per_resolution``.
+        With ``eval_k`` > 0, also ``eval_k`` episodes per row sampled at the run's temperature
+        (the same draws at every evaluation): the same figures as ``eval/sampled_<name>`` — what
+        the policy RL trains does, where a greedy bot hides how often it derails.
         ``rewards=`` functions are not run here: the return is the environment's rewards. The
-        episodes are kept in ``last_result`` (prompt, conversation, return, resolved, error)."""
-        plays: list[_Play] = []
-        for start in range(0, len(rows), self.config.eval_batch_size):
-            chunk = [self._start(row) for row in rows[start : start + self.config.eval_batch_size]]
-            self._play(chunk, step=0, greedy=True)
-            plays += chunk
+        greedy episodes are kept in ``last_result`` (prompt, conversation, return, resolved, error)."""
+        plays = self._evaluation_plays(rows, greedy=True)
         self.last_result = [_episode_record(play) for play in plays]
-        returns = [p.episode.total_reward for p in plays if p.error is None and p.episode.rewards]
-        metrics = {f"eval/{k.removeprefix('env/')}": v for k, v in _episode_metrics(plays).items()}
-        metrics["eval/reward"] = sum(returns) / len(returns) if returns else math.nan
-        solved = [p for p in plays if getattr(p.env.env, "resolved", False)]
-        if "eval/resolved" in metrics:
-            turns = sum(len(p.episode.texts) for p in solved)
-            metrics["eval/turns_per_resolution"] = turns / len(solved) if solved else math.nan
+        metrics = {f"eval/{name}": value for name, value in _evaluation_metrics(plays).items()}
+        if self.config.eval_k:
+            sampled = self._evaluation_plays([row for row in rows for _ in range(self.config.eval_k)], greedy=False)
+            metrics.update({f"eval/sampled_{name}": value for name, value in _evaluation_metrics(sampled).items()})
         return metrics
 
+    def _evaluation_plays(self, rows: Sequence[dict[str, Any]], greedy: bool) -> list[_Play]:
+        plays: list[_Play] = []
+        for start in range(0, len(rows), self.config.eval_batch_size):
+            chunk = self._start(rows[start : start + self.config.eval_batch_size])
+            # step 0 is never a training step: sampled evaluations reuse one stream of draws
+            self._play(chunk, step=0, greedy=greedy)
+            plays += chunk
+        return plays
+
     # ------------------------------------------------------------------ episodes
-    def _start(self, row: dict[str, Any]) -> _Play:
-        env = GuardedEnvironment(self.factory(), timeout_s=self.env.timeout_s, name=self.env.name)
+    def _start(self, rows: Sequence[dict[str, Any]]) -> list[_Play]:
+        """A fresh environment per row, reset with it (``env.max_concurrent`` at a time)."""
+        envs = [GuardedEnvironment(self.factory(), timeout_s=self.env.timeout_s, name=self.env.name) for _ in rows]
+        calls = [lambda env=env, row=row: env.areset(dict(row)) for env, row in zip(envs, rows, strict=True)]
+        firsts = run_concurrently(calls, self.env.max_concurrent)
         stop_ids = [self.tokenizer.eos_token_id]
-        try:
-            first = env.reset(dict(row))
-        except EpisodeError as error:
-            episode = Episode.start(self.tokenizer, "", self.limits, stop_token_ids=stop_ids)
-            return _Play(env, episode, "", error=error)
-        episode = Episode.start(self.tokenizer, first, self.limits, stop_token_ids=stop_ids)
-        return _Play(env, episode, first, logprobs=[0.0] * len(episode.ids))
+        plays = []
+        for env, first in zip(envs, firsts, strict=True):
+            if isinstance(first, EpisodeError):
+                episode = Episode.start(self.tokenizer, "", self.limits, stop_token_ids=stop_ids)
+                plays.append(_Play(env, episode, "", error=first))
+            else:
+                episode = Episode.start(self.tokenizer, first, self.limits, stop_token_ids=stop_ids)
+                plays.append(_Play(env, episode, first, logprobs=[0.0] * len(episode.ids)))
+        return plays
 
     def _play(self, plays: list[_Play], step: int, greedy: bool = False) -> float:
         """Play every episode to its end, a turn at a time; returns the seconds spent generating."""
@@ -186,25 +197,22 @@ class EnvironmentSource:
             rollouts = self.engine.generate([play.episode.ids for play in active], sampling)
             generate_s += time.perf_counter() - t0
             lengths = rollouts.response_lengths.tolist()
+            stepping = []
             for i, (play, budget) in enumerate(zip(active, budgets, strict=True)):
                 # the first tokens of a longer generation are what a shorter one would have sampled
                 n = min(lengths[i], budget)
-                self._turn(play, rollouts.response_ids[i, :n].tolist(), rollouts.logprobs[i, :n].tolist())
+                text = play.episode.add_turn(rollouts.response_ids[i, :n].tolist())
+                play.logprobs.extend(rollouts.logprobs[i, :n].tolist())
+                if not play.episode.finished:  # else no room is left in max_total_tokens for more
+                    stepping.append((play, text))
+            calls = [lambda play=play, text=text: play.env.astep(text) for play, text in stepping]
+            for (play, _), result in zip(stepping, run_concurrently(calls, self.env.max_concurrent), strict=True):
+                if isinstance(result, EpisodeError):
+                    play.error = result
+                    continue
+                play.episode.add_result(result.observation, result.reward, result.done)
+                play.logprobs.extend([0.0] * (len(play.episode.ids) - len(play.logprobs)))
         return generate_s
-
-    @staticmethod
-    def _turn(play: _Play, sampled: list[int], logprobs: list[float]) -> None:
-        text = play.episode.add_turn(sampled)
-        play.logprobs.extend(logprobs)
-        if play.episode.finished:  # no room left in max_total_tokens: nothing can follow this turn
-            return
-        try:
-            result = play.env.step(text)
-        except EpisodeError as error:
-            play.error = error
-            return
-        play.episode.add_result(result.observation, result.reward, result.done)
-        play.logprobs.extend([0.0] * (len(play.episode.ids) - len(play.logprobs)))
 
     # ------------------------------------------------------------------ the batch
     def _batch(self, plays: list[_Play], rows: list[dict[str, Any]]) -> RolloutBatch:
@@ -299,4 +307,17 @@ def _episode_metrics(plays: list[_Play]) -> dict[str, float]:
     }
     if resolved:  # environments that say whether the episode reached its goal (support_bot does)
         metrics["env/resolved"] = sum(resolved) / len(resolved)
+    return metrics
+
+
+def _evaluation_metrics(plays: list[_Play]) -> dict[str, float]:
+    """Evaluation figures of finished episodes: mean return (``reward``), turns, errors,
+    truncation and, for environments that say so, ``resolved`` and ``turns_per_resolution``."""
+    returns = [p.episode.total_reward for p in plays if p.error is None and p.episode.rewards]
+    metrics = {name.removeprefix("env/"): value for name, value in _episode_metrics(plays).items()}
+    metrics["reward"] = sum(returns) / len(returns) if returns else math.nan
+    if "resolved" in metrics:
+        solved = [p for p in plays if getattr(p.env.env, "resolved", False)]
+        turns = sum(len(p.episode.texts) for p in solved)
+        metrics["turns_per_resolution"] = turns / len(solved) if solved else math.nan
     return metrics

@@ -268,6 +268,11 @@ class RLRun(Section):
     """Greedy evaluation on held-out prompts every this many steps (0: before and after only)."""
     eval_size: int = Field(500, ge=0)
     """Held-out prompts evaluated (0: no evaluation)."""
+    eval_k: int = Field(0, ge=0)
+    """Besides the greedy pass, this many completions (episodes, for an environment) per held-out
+    prompt sampled at the run's temperature: ``eval/pass_at_k`` (a single-turn run: at least one
+    of them scores 1), ``eval/sampled_<figure>`` for an environment (its resolution rate, turns
+    per resolution and return over every sampled episode). 0: greedy only."""
     eval_batch_size: int = Field(256, ge=1)
     """Held-out prompts generated at once (lower it to bound the KV cache of a large model)."""
     log_samples: int = Field(4, ge=0)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posttrain.evaluate import EvalResult, evaluate
+from posttrain.evaluate import EvalResult, evaluate, pass_at_k
 from posttrain.rewards import RewardSet
 from posttrain.train.rl_batch import RolloutBatch
 from posttrain.train.rl_config import RLRun
@@ -21,8 +21,10 @@ def evaluate_held_out(
     policy: nn.Module, tokenizer: Any, rows: Sequence[dict[str, Any]], rewards: RewardSet, config: RLRun
 ) -> tuple[dict[str, float], EvalResult]:
     """``eval/reward`` (the mean score), ``eval/accuracy`` when a single reward scores 0/1, and
-    each function's ``eval/<name>/mean`` and ``/solved`` when there are several; with the
-    samples. The policy is back in training mode afterwards."""
+    each function's ``eval/<name>/mean`` and ``/solved`` when there are several, and with
+    ``eval_k`` > 0 ``eval/pass_at_k`` (``eval_k`` completions per prompt sampled at the run's
+    temperature, from the same seed at every evaluation); with the samples. The policy is back
+    in training mode afterwards."""
     components: list[Tensor] = []
 
     def score(prompts: list[Any], completions: list[str], completion_ids: list[list[int]], **columns: Any) -> list:
@@ -39,6 +41,16 @@ def evaluate_held_out(
         batch_size=config.eval_batch_size,
         stop=config.sampling.stop,
     )
+    if config.eval_k:
+
+        def plain_score(prompts: list[Any], completions: list[str], completion_ids: list[list[int]], **columns: Any):
+            scores = rewards.score(prompts, completions, completion_ids, columns).scores.tolist()
+            return [None if math.isnan(v) else v for v in scores]
+
+        pass_rate = pass_at_k(
+            policy, tokenizer, rows, plain_score, k=config.eval_k, temperature=config.temperature_value,
+            max_new_tokens=config.max_new_tokens, seed=config.seed, stop=config.sampling.stop,
+        )  # fmt: skip
     policy.train()
     values = [s["reward"] for s in result.samples if s["reward"] is not None]
     metrics = {"eval/reward": result.accuracy}
@@ -49,6 +61,8 @@ def evaluate_held_out(
             # full marks: a task scorer's partial credit (reasoning-gym gives 0.01 for a
             # wrong number) would otherwise read as accuracy in the mean
             metrics[f"eval/{name}/solved"] = float((table[:, index] >= 1.0).float().mean())
+    if config.eval_k:
+        metrics["eval/pass_at_k"] = pass_rate
     if len(rewards.names) == 1 and values and all(v in (0.0, 1.0) for v in values):
         metrics["eval/accuracy"] = result.accuracy
     return metrics, result

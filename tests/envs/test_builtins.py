@@ -95,33 +95,48 @@ def test_hidden_issue_comes_from_the_row_or_its_seed():
         hidden_issue({"issue": "gremlins"})
 
 
-def test_scripted_conversations_teach_the_format_and_resolve():
-    rows = scripted_conversations(60, seed=0, needless_share=0.3)
+def test_scripted_conversations_teach_the_format_and_search_until_a_yes():
+    rows = scripted_conversations(60, seed=0, max_turns=4)
     tokenizer = build_char_tokenizer()
-    lengths = []
+    ends = {"resolved": 0, "gave up": 0}
     for row in rows:
         history, answer = split_conversation(row["messages"])  # what SFT trains on
         assert history[0]["role"] == "user"
         assert answer.startswith(("ask: ", "fix: "))
         text = "".join(m["content"] for m in row["messages"])
         assert tokenizer.unk_token_id not in tokenizer(text, add_special_tokens=False)["input_ids"]
-        if answer.startswith("fix: "):  # a whole conversation: replay it against the simulated user
-            actions = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
-            lengths.append(len(actions))
-            bot = SupportBot()
-            assert user_text(bot.reset({"issue": _issue_of(row)})) == history[0]["content"]
-            results = [bot.step(action) for action in actions]
-            assert results[-1][2] and all(not done for _, _, done in results[:-1])
-            # the user's answers in the script are the simulated user's own
-            replies = [m["content"] for m in row["messages"][1:] if m["role"] == "user"]
-            assert replies == [user_text(observation) for observation, _, _ in results[:-1]]
-    assert set(lengths) == {2, 3}  # optimal ones (ask, fix) and ones with a needless question
-    assert 0.1 < lengths.count(3) / len(lengths) < 0.5
+        actions = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
+        # replay the conversation against the simulated user: its answers are the script's
+        issue = _issue_of(row)
+        bot = SupportBot(max_turns=4)
+        assert user_text(bot.reset({"issue": issue})) == history[0]["content"]
+        results = [bot.step(action) for action in actions]
+        replies = [m["content"] for m in row["messages"][1:] if m["role"] == "user"]
+        # (the row ends with the bot's turn it trains: no answer to it yet)
+        assert replies == [user_text(observation) for observation, _, _ in results[:-1]]
+        asked = [a.removeprefix("ask: ").removesuffix("?") for a in actions if a.startswith("ask: ")]
+        assert len(set(asked)) == len(asked)  # never the same clue twice
+        if answer.startswith("fix: "):  # a whole conversation: a "yes." names the fix
+            assert replies[-1] == "yes." and set(replies[:-1]) <= {"no."}
+            assert results[-1][2] and bot.resolved
+            ends["resolved"] += 1
+        elif len(actions) == 4:  # the clue came too late: four questions, the user gives up
+            assert results[-1][2] and not bot.resolved
+            ends["gave up"] += 1
+    # six clues in a random order: the hidden one is among the first three asked half the time
+    assert 0.3 < ends["resolved"] / (ends["resolved"] + ends["gave up"]) < 0.7
 
 
 def _issue_of(row) -> str:
-    fix = row["messages"][-1]["content"].removeprefix("fix: ")
-    return next(issue.name for issue in ISSUES if issue.fix == fix)
+    """The hidden issue of a scripted conversation: the one whose clue the user said "yes." to,
+    else one with the reported symptom whose clue was not asked (its answers are the same)."""
+    messages = row["messages"]
+    for asked, reply in zip(messages[1::2], messages[2::2], strict=False):
+        if reply["content"] == "yes.":
+            return next(issue.name for issue in ISSUES if f"ask: {issue.clue}?" == asked["content"])
+    asked = {m["content"] for m in messages[:-1] if m["role"] == "assistant"}  # each answered "no."
+    symptom = messages[0]["content"].split("\n")[-1]
+    return next(i.name for i in ISSUES if i.symptom == symptom and f"ask: {i.clue}?" not in asked)
 
 
 def test_support_bot_episode_with_a_char_tokenizer():

@@ -4,7 +4,10 @@ rewards sit on the turns' last tokens, and whose broken episodes are counted, ne
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 import math
+import threading
 import time
 
 import pytest
@@ -182,6 +185,70 @@ def test_the_same_step_plays_the_same_episodes(policy):
     assert torch.equal(first.engine_logprobs, again.engine_logprobs)
 
 
+class Overlapping:
+    """Counts the steps in flight at once (``PEAK``): each step waits a little, sync or async."""
+
+    IN_FLIGHT, PEAK, LOCK = 0, 0, threading.Lock()
+
+    def reset(self, row):
+        return [{"role": "user", "content": "go"}]
+
+    @staticmethod
+    def enter():
+        with Overlapping.LOCK:  # (the class's own counters, also for the subclass)
+            Overlapping.IN_FLIGHT += 1
+            Overlapping.PEAK = max(Overlapping.PEAK, Overlapping.IN_FLIGHT)
+
+    @staticmethod
+    def leave():
+        with Overlapping.LOCK:
+            Overlapping.IN_FLIGHT -= 1
+
+    def step(self, completion):
+        self.enter()
+        time.sleep(0.1)
+        self.leave()
+        return None, 1.0, True
+
+
+class OverlappingAsync(Overlapping):
+    async def step(self, completion):
+        self.enter()
+        await asyncio.sleep(0.1)
+        self.leave()
+        return None, 1.0, True
+
+
+@pytest.mark.parametrize("kind", ["Overlapping", "OverlappingAsync"])
+@pytest.mark.parametrize("limit", [1, 4])
+def test_environments_step_concurrently_up_to_max_concurrent(policy, kind, limit):
+    model, tokenizer = policy
+    config = load_rl_config(None, [*BASE, "max_new_tokens=4"])  # 3 rows x 2 episodes
+    section = EnvSection(name=f"tests.sources.test_environment:{kind}", max_concurrent=limit)
+    source = EnvironmentSource(config, section, build_engine(model, tokenizer), tokenizer, [{}] * 3, None, 512)
+    counter = importlib.import_module("tests.sources.test_environment").Overlapping
+    counter.PEAK = 0
+    batch, metrics = source.next_batch(1)
+    assert metrics["env/errors"] == 0 and batch.scores.tolist() == [pytest.approx(1.0)] * 6
+    # six episodes step in the same turn: at most `limit` of them at once, and more than one if allowed
+    assert (counter.PEAK == 1) if limit == 1 else (2 <= counter.PEAK <= limit)
+
+
+def test_sampled_evaluation_plays_eval_k_episodes_per_row_from_the_same_draws(policy):
+    rows = [{"id": i} for i in range(3)]
+    source = source_for(policy, rows, overrides=["eval_k=2"])
+    resets = []
+    source.factory = lambda make=source.factory: resets.append(1) or make()
+    first = source.evaluate(rows)
+    assert len(resets) == 3 + 2 * 3  # one greedy episode per row, then two sampled ones
+    assert len(source.last_result) == 3  # the greedy ones are the samples a caller prints
+    assert {k for k in first if k.startswith("eval/sampled_")} == {
+        f"eval/sampled_{name}" for name in ("turns_mean", "errors", "truncated", "done", "reward")
+    }
+    assert first == source.evaluate(rows)  # every evaluation samples the same draws
+    assert "eval/sampled_reward" not in source_for(policy, rows).evaluate(rows)  # eval_k = 0: greedy only
+
+
 RUN = ["model.tiny.layers=1", "model.tiny.hidden=32", "model.tiny.heads=2", "data.task=support_bot"]
 RUN += ["data.n_train=24", "data.n_eval=6", "eval_size=6", "prompts_per_step=3", "samples_per_prompt=2"]
 RUN += ["max_new_tokens=12", "env.name=support_bot", "env.max_turns=3", "steps=2", "log_every=100"]
@@ -217,3 +284,48 @@ def test_env_keys_are_checked_before_the_model_loads(tmp_path):
         OnlineRL(config, echo=lambda line: None)
     with pytest.raises(Exception, match="ReMax"):
         load_rl_config(None, [*RUN, "algorithm=remax"])
+
+
+GUESS_ENVS = '''
+class GuessNumber:
+    """A user's environment: only the contract (no posttrain import). Guess a digit in three tries."""
+
+    def __init__(self, tries=3):
+        self.tries = tries
+
+    def reset(self, row):
+        self.secret, self.turn = sum(map(ord, str(row))) % 10, 0
+        return "guess my digit:"
+
+    async def step(self, completion):  # async def is awaited as well
+        self.turn += 1
+        digits = [c for c in completion if c.isdigit()]
+        if digits and int(digits[0]) == self.secret:
+            return None, 1.0, True
+        hint = "no digit." if not digits else ("higher." if int(digits[0]) < self.secret else "lower.")
+        return (None if self.turn >= self.tries else f" {hint} again:"), 0.0, self.turn >= self.tries
+'''
+
+
+def test_a_user_environment_class_trains_from_the_cli_by_env_name_alone(tmp_path, monkeypatch):
+    from posttrain.cli import main
+    from posttrain.telemetry.metrics import read_jsonl
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "guess_envs.py").write_text(GUESS_ENVS)
+    (tmp_path / "config.yaml").write_text(
+        "model: {tiny: {layers: 1, hidden: 32, heads: 2}}\n"
+        "data: {task: support_bot, n_train: 12, n_eval: 4}\n"
+        "env: {name: support_bot, max_turns: 3}\n"
+        "algorithm: grpo\nsteps: 2\nprompts_per_step: 2\nsamples_per_prompt: 2\nmax_new_tokens: 6\n"
+        "eval_size: 4\nlog_every: 100\noutput_dir: run\nreport_to: []\n"
+    )
+    assert main(["rl", "--config", "config.yaml", "env.name=guess_envs:GuessNumber"]) == 0
+    steps = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "env/turns_mean" in r]
+    assert [r["step"] for r in steps] == [1, 2] and all(r["env/errors"] == 0 for r in steps)
+    assert (tmp_path / "run" / "final").is_dir()
+    conversations = [r["completion"] for r in read_jsonl(tmp_path / "run" / "samples.jsonl")]
+    hints = [m["content"] for c in conversations for m in c if m["role"] == "user"]
+    assert hints and all(h.endswith("again:") for h in hints)  # the class's own answers
+    assert max(len(c) for c in conversations) <= 5  # its three tries: guess, hint, guess, hint, guess

@@ -264,6 +264,25 @@ def never(prompts, completions, completion_ids, **columns):
     return [0.0] * len(completions)
 
 
+def test_eval_k_reports_pass_at_k_over_that_many_sampled_completions_per_prompt(tmp_path):
+    calls: list[tuple[list, list[float]]] = []
+
+    def half_vowels(prompts, completions, completion_ids, **columns):  # 0/1, passed about half the time
+        scores = [float(share >= 0.5) for share in vowel_share(prompts, completions, completion_ids)]
+        calls.append((list(prompts), scores))
+        return scores
+
+    run = make_run(tmp_path, ["eval_size=9", "preflight=false", "eval_k=4", "temperature=1.5"], rewards=(half_vowels,))
+    metrics = run.evaluate()
+    assert [len(scores) for _, scores in calls] == [9, 36]  # greedy, then 4 samples of each prompt
+    prompts, scores = calls[1]
+    assert all(len(set(prompts[i * 4 : i * 4 + 4])) == 1 for i in range(9))
+    passed = [max(scores[i * 4 : i * 4 + 4]) == 1.0 for i in range(9)]
+    assert metrics["eval/pass_at_k"] == pytest.approx(sum(passed) / 9)
+    assert 0 < sum(passed) < 9  # a figure that tells prompts apart, not all-or-nothing
+    assert "eval/pass_at_k" not in make_run(tmp_path, ["eval_size=9", "preflight=false"], name="greedy").evaluate()
+
+
 def test_accuracy_is_reported_for_one_0_1_reward_not_for_a_sum_that_happens_to_be_0_1(tmp_path):
     one = make_run(tmp_path, ["eval_size=9", "preflight=false"], rewards=(has_dot,), name="one")
     two = make_run(tmp_path, ["eval_size=9", "preflight=false"], rewards=(has_dot, never), name="two")
