@@ -34,6 +34,10 @@ class EnvSection(Section):
     max_error_fraction: float = Field(0.5, ge=0, le=1)
     """Share of a batch's episodes that may end in an environment error (left out of the loss,
     never scored 0) before the run stops naming the first error."""
-    on_prefix_mismatch: Literal["error"] = "error"
-    """What to do when the chat template rewrites earlier turns: stop with the turn and the
-    differing tokens (continuing such an episode as a new sample: not in the loop yet)."""
+    on_prefix_mismatch: Literal["error", "new_sample"] = "error"
+    """When the chat template rewrites earlier turns (Qwen3's drops earlier ``<think>``
+    blocks): ``error`` stops naming the turn and the differing tokens; ``new_sample`` goes on
+    with the template's own rendering of the conversation as a new sample's prompt, as the
+    model would see it deployed. The samples of one episode share its group and its return,
+    so it needs a group estimator (grpo, rloo, ...), and an episode split in k samples weighs
+    k times in its group's mean and deviation (each sample's tokens are trained once)."""

@@ -49,17 +49,49 @@ class EnvironmentErrors(PosttrainError, RuntimeError):
 @dataclass
 class _Play:
     """One episode being played: its environment, its token state, the engine's log-probs of its
-    sampled tokens (aligned with ``episode.ids``, 0 elsewhere) and its error, if any."""
+    sampled tokens (aligned with ``episode.ids``, 0 elsewhere) and its error, if any. With
+    ``env.on_prefix_mismatch: new_sample`` an episode may be split: ``earlier`` holds its
+    finished samples (each an :class:`Episode` and its log-probs), ``episode`` the current one."""
 
     env: GuardedEnvironment
     episode: Episode
     first_observation: Any
     logprobs: list[float] = field(default_factory=list)
     error: EpisodeError | None = None
+    earlier: list[tuple[Episode, list[float]]] = field(default_factory=list)
 
     @property
     def active(self) -> bool:
         return self.error is None and not self.episode.finished
+
+    @property
+    def samples(self) -> list[tuple[Episode, list[float]]]:
+        """The batch samples of this episode: each sample with a policy turn (the last one
+        always, so that an episode that ended in an error is still counted)."""
+        return [*((e, lp) for e, lp in self.earlier if e.texts), (self.episode, self.logprobs)]
+
+    @property
+    def total_reward(self) -> float:
+        return sum(e.total_reward for e, _ in self.earlier) + self.episode.total_reward
+
+    @property
+    def turns(self) -> int:
+        return self.episode.turn
+
+    @property
+    def truncated(self) -> bool:
+        return any(e.truncated for e, _ in self.earlier) or self.episode.truncated
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return self.episode.messages  # a new sample starts from the whole conversation so far
+
+    def continue_as_new_sample(self) -> None:
+        """The template rewrote history (``on_prefix_mismatch: new_sample``): the episode goes on
+        as a new sample whose prompt is the template's rendering of the conversation so far."""
+        self.earlier.append((self.episode, self.logprobs))
+        self.episode = self.episode.next_sample()
+        self.logprobs = [0.0] * len(self.episode.ids)
 
 
 class EnvironmentSource:
@@ -96,15 +128,16 @@ class EnvironmentSource:
         generate_s = self._play(plays, step)
         t1 = time.perf_counter()
         batch = self._batch(plays, rows)
-        batch.scores = self._scores(plays, batch)
+        batch.scores = self._scores(plays, rows, batch)
         t2 = time.perf_counter()
         self._check_errors(plays, step)
         metrics, self.lowest_score = reward_metrics(batch, False, self.lowest_score)
         metrics.update(_episode_metrics(plays))
         # the step warnings read this as "turns cut by max_new_tokens"; whole episodes cut by any
         # limit are env/truncated
-        turns = sum(len(play.episode.texts) for play in plays)
-        metrics["response/truncated_fraction"] = sum(len(play.episode.cut_turns) for play in plays) / max(turns, 1)
+        turns = sum(play.turns for play in plays)
+        cut = sum(len(episode.cut_turns) for play in plays for episode, _ in play.samples)
+        metrics["response/truncated_fraction"] = cut / max(turns, 1)
         metrics.update({"time/generate_s": generate_s, "time/env_s": t1 - t0 - generate_s, "time/reward_s": t2 - t1})
         metrics["throughput/generated_tokens_per_s"] = float(batch.response_mask.sum()) / max(generate_s, 1e-9)
         return batch, metrics
@@ -172,7 +205,10 @@ class EnvironmentSource:
                 episode = Episode.start(self.tokenizer, "", self.limits, stop_token_ids=stop_ids)
                 plays.append(_Play(env, episode, "", error=first))
             else:
-                episode = Episode.start(self.tokenizer, first, self.limits, stop_token_ids=stop_ids)
+                episode = Episode.start(
+                    self.tokenizer, first, self.limits, stop_token_ids=stop_ids,
+                    on_prefix_mismatch=self.env.on_prefix_mismatch,
+                )  # fmt: skip
                 plays.append(_Play(env, episode, first, logprobs=[0.0] * len(episode.ids)))
         return plays
 
@@ -212,15 +248,22 @@ class EnvironmentSource:
                     continue
                 play.episode.add_result(result.observation, result.reward, result.done)
                 play.logprobs.extend([0.0] * (len(play.episode.ids) - len(play.logprobs)))
+                if play.episode.continues_as_new_sample:
+                    play.continue_as_new_sample()
         return generate_s
 
     # ------------------------------------------------------------------ the batch
     def _batch(self, plays: list[_Play], rows: list[dict[str, Any]]) -> RolloutBatch:
+        """One sample per episode, or per sample of a split one (``on_prefix_mismatch:
+        new_sample``): each of those carries its own turns and their rewards, shares the
+        episode's group and is scored with the whole episode's return (``_scores``)."""
         pad = self.engine.pad_id
-        prompts = [play.episode.ids[: play.episode.prompt_length] for play in plays]
-        responses = [play.episode.ids[play.episode.prompt_length :] for play in plays]
+        owners = _owners(plays)
+        samples = [sample for play in plays for sample in play.samples]
+        prompts = [episode.ids[: episode.prompt_length] for episode, _ in samples]
+        responses = [episode.ids[episode.prompt_length :] for episode, _ in samples]
         width_p, width_t = max(len(p) for p in prompts), max(max(len(r) for r in responses), 1)
-        b = len(plays)
+        b = len(samples)
         batch_tensors = {
             "prompt_ids": torch.full((b, width_p), pad, dtype=torch.long),
             "prompt_mask": torch.zeros(b, width_p, dtype=torch.long),
@@ -230,45 +273,56 @@ class EnvironmentSource:
             "engine_logprobs": torch.zeros(b, width_t),
             "turn_rewards": torch.zeros(b, width_t),
         }
-        for i, (play, prompt, response) in enumerate(zip(plays, prompts, responses, strict=True)):
-            start, n = play.episode.prompt_length, len(response)
+        for i, ((episode, logprobs), prompt, response) in enumerate(zip(samples, prompts, responses, strict=True)):
+            start, n = episode.prompt_length, len(response)
             t = batch_tensors
             if prompt:
                 t["prompt_ids"][i, width_p - len(prompt) :] = torch.tensor(prompt)
                 t["prompt_mask"][i, width_p - len(prompt) :] = 1
             if n:
                 t["response_ids"][i, :n] = torch.tensor(response)
-                t["response_mask"][i, :n] = torch.tensor(play.episode.mask[start:], dtype=torch.float32)
+                t["response_mask"][i, :n] = torch.tensor(episode.mask[start:], dtype=torch.float32)
                 t["response_attention"][i, :n] = 1
-                t["engine_logprobs"][i, :n] = torch.tensor(play.logprobs[start : start + n])
-                t["turn_rewards"][i, :n] = torch.tensor(play.episode.token_rewards()[start:])
+                t["engine_logprobs"][i, :n] = torch.tensor(logprobs[start : start + n])
+                t["turn_rewards"][i, :n] = torch.tensor(episode.token_rewards()[start:])
         group = self.config.samples_per_prompt
         names = list(dict.fromkeys(k for row in rows for k in row if k not in RESERVED_COLUMNS))
         return RolloutBatch(
             **batch_tensors,
-            group_ids=torch.arange(b) // group,
-            truncated=torch.tensor([play.episode.truncated for play in plays], dtype=torch.bool),
+            group_ids=torch.tensor(owners) // group,
+            truncated=torch.tensor([episode.truncated for episode, _ in samples], dtype=torch.bool),
             policy_version=torch.full((b,), self.version, dtype=torch.long),
-            prompts=[play.first_observation for play in plays],
-            completions=[_conversation(play) for play in plays],
-            columns={key: [row.get(key) for row in rows for _ in range(group)] for key in names},
+            prompts=[plays[i].first_observation for i in owners],
+            completions=[_conversation(plays[i]) for i in owners],
+            columns={key: [rows[i // group].get(key) for i in owners] for key in names},
         )
 
-    def _scores(self, plays: list[_Play], batch: RolloutBatch) -> torch.Tensor:
-        """Each episode's return: its turn rewards plus the ``rewards=`` score of the conversation
-        (NaN where a function has no score for it); NaN for an episode that ended in an error."""
+    def _scores(self, plays: list[_Play], rows: list[dict[str, Any]], batch: RolloutBatch) -> torch.Tensor:
+        """Each episode's return, on each of its samples: its turn rewards plus the ``rewards=``
+        score of the conversation (NaN where a function has no score for it); NaN for an
+        episode that ended in an error."""
+        owners = torch.tensor(_owners(plays))
         # an episode the environment gave no reward (its only turn cut by the budget) returns 0:
         # that is its return, as a single-turn completion cut short is still scored
-        scores = torch.tensor([play.episode.total_reward for play in plays], dtype=torch.float32)
+        returns = torch.tensor([play.total_reward for play in plays], dtype=torch.float32)
         if self.rewards is not None:
-            sampled_ids = [[t for t, m in zip(play.episode.ids, play.episode.mask, strict=True) if m] for play in plays]
+            sampled_ids = [
+                [t for episode, _ in play.samples for t, m in zip(episode.ids, episode.mask, strict=True) if m]
+                for play in plays
+            ]
+            group = self.config.samples_per_prompt
+            columns = {key: [rows[i // group].get(key) for i in range(len(plays))] for key in batch.columns}
             result = self.rewards.score(
-                batch.prompts, batch.completions, sampled_ids, batch.columns, group_ids=batch.group_ids
+                [play.first_observation for play in plays],
+                [_conversation(play) for play in plays],
+                sampled_ids,
+                columns,
+                group_ids=torch.arange(len(plays)) // group,
             )
-            batch.reward_components = result.components
-            scores = scores + result.scores
+            batch.reward_components = result.components[owners]
+            returns = returns + result.scores
         errors = torch.tensor([play.error is not None for play in plays])
-        return torch.where(errors, math.nan, scores)
+        return torch.where(errors, math.nan, returns)[owners]
 
     def _check_errors(self, plays: list[_Play], step: int) -> None:
         errors = [play.error for play in plays if play.error is not None]
@@ -279,19 +333,24 @@ class EnvironmentSource:
             )
 
 
+def _owners(plays: list[_Play]) -> list[int]:
+    """For each batch sample, the index of the episode it belongs to."""
+    return [i for i, play in enumerate(plays) for _ in play.samples]
+
+
 def _conversation(play: _Play) -> list[dict[str, Any]]:
     """The conversation after the first observation: the policy's turns and the environment's."""
     first = play.first_observation
-    return play.episode.messages[len(first) if isinstance(first, list) else 1 :]
+    return play.messages[len(first) if isinstance(first, list) else 1 :]
 
 
 def _episode_record(play: _Play) -> dict[str, Any]:
     return {
         "prompt": play.first_observation,
         "conversation": _conversation(play),
-        "return": play.episode.total_reward,
+        "return": play.total_reward,
         "resolved": getattr(play.env.env, "resolved", None),
-        "truncated": play.episode.truncated,
+        "truncated": play.truncated,
         "error": None if play.error is None else str(play.error),
     }
 
@@ -300,9 +359,9 @@ def _episode_metrics(plays: list[_Play]) -> dict[str, float]:
     n = len(plays)
     resolved = [bool(play.env.env.resolved) for play in plays if hasattr(play.env.env, "resolved")]
     metrics = {
-        "env/turns_mean": sum(len(play.episode.texts) for play in plays) / n,
+        "env/turns_mean": sum(play.turns for play in plays) / n,
         "env/errors": sum(play.error is not None for play in plays) / n,
-        "env/truncated": sum(play.episode.truncated for play in plays) / n,
+        "env/truncated": sum(play.truncated for play in plays) / n,
         "env/done": sum(play.episode.stop_reason == "done" for play in plays) / n,
     }
     if resolved:  # environments that say whether the episode reached its goal (support_bot does)
@@ -313,11 +372,11 @@ def _episode_metrics(plays: list[_Play]) -> dict[str, float]:
 def _evaluation_metrics(plays: list[_Play]) -> dict[str, float]:
     """Evaluation figures of finished episodes: mean return (``reward``), turns, errors,
     truncation and, for environments that say so, ``resolved`` and ``turns_per_resolution``."""
-    returns = [p.episode.total_reward for p in plays if p.error is None and p.episode.rewards]
+    returns = [p.total_reward for p in plays if p.error is None and any(e.rewards for e, _ in p.samples)]
     metrics = {name.removeprefix("env/"): value for name, value in _episode_metrics(plays).items()}
     metrics["reward"] = sum(returns) / len(returns) if returns else math.nan
     if "resolved" in metrics:
         solved = [p for p in plays if getattr(p.env.env, "resolved", False)]
-        turns = sum(len(p.episode.texts) for p in solved)
+        turns = sum(p.turns for p in solved)
         metrics["turns_per_resolution"] = turns / len(solved) if solved else math.nan
     return metrics

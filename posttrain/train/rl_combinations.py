@@ -37,6 +37,13 @@ def _env_problems(config: RLRun) -> list[str]:
             "algorithm.baseline = 'greedy' (ReMax) scores one greedy single-turn completion per prompt; an "
             "env episode has none: use a group estimator (grpo, rloo) or a critic (ppo) with env"
         )
+    needs = ADVANTAGE_ESTIMATORS.needs.get(algo.advantage, EstimatorNeeds())
+    if config.env.on_prefix_mismatch == "new_sample" and not needs.groups:
+        problems.append(
+            f"env.on_prefix_mismatch = 'new_sample' scores every sample of a split episode with the whole episode's "
+            f"return, which per-token credit (algorithm.advantage = {algo.advantage!r}) would misplace: use a group "
+            "estimator (grpo, rloo, ...) or on_prefix_mismatch: error"
+        )
     if algo.dynamic_sampling.enabled:
         problems.append("algorithm.dynamic_sampling is not applied to env episodes yet: set enabled: false")
     if algo.overlong.enabled:

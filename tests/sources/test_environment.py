@@ -13,6 +13,7 @@ import time
 import pytest
 import torch
 
+from posttrain.envs import TemplatePrefixError
 from posttrain.envs.section import EnvSection
 from posttrain.models.chat import chat_prompt_ids
 from posttrain.models.tiny import build_tiny_causal_lm
@@ -247,6 +248,56 @@ def test_sampled_evaluation_plays_eval_k_episodes_per_row_from_the_same_draws(po
     }
     assert first == source.evaluate(rows)  # every evaluation samples the same draws
     assert "eval/sampled_reward" not in source_for(policy, rows).evaluate(rows)  # eval_k = 0: greedy only
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo"])
+def test_a_template_that_rewrites_history_continues_each_episode_as_new_samples(estimator):
+    from tests.envs.chat_fixtures import DROPS_NEWLINE, chatml_tokenizer
+
+    tokenizer = chatml_tokenizer(DROPS_NEWLINE)  # every turn boundary loses the newline before it
+    model = build_tiny_causal_lm(len(tokenizer), layers=1, hidden=32, heads=2, seed=0, tokenizer=tokenizer)
+    config = load_rl_config(None, [*BASE, f"algorithm={estimator}", "max_new_tokens=6"])
+    rows = [{"id": i} for i in range(3)]
+    engine = RecordingEngine(build_engine(model, tokenizer))
+    section = EnvSection(name="tests.sources.test_environment:Echo", on_prefix_mismatch="new_sample")
+    source = EnvironmentSource(config, section, engine, tokenizer, rows, None, 512)
+    batch, metrics = source.next_batch(1)
+
+    # Echo answers three turns: every episode is split into three samples, one per turn
+    assert len(batch) == 3 * 6 and metrics["env/turns_mean"] == 3 and metrics["env/errors"] == 0
+    assert batch.group_ids.tolist() == [g for g in range(3) for _ in range(2 * 3)]
+    assert batch.scores.tolist() == [pytest.approx(0.75)] * 18  # each sample carries the episode's return
+    assert batch.turn_rewards.sum(-1).tolist() == [pytest.approx(0.25)] * 18  # and its own turn's reward
+    for i, (prompt_sent, sampled) in enumerate(engine.sampled):
+        # the engine continued exactly each sample's prompt and sampled exactly its trained tokens
+        prompt, response, mask = unpadded(batch, _sample_of_generation(i))
+        assert prompt == prompt_sent and response == sampled and set(mask) == {1}
+    # a later sample's prompt is the template's own rendering of the conversation so far
+    conversation = [{"role": "user", "content": f"go {batch.columns['id'][0]}"}]
+    for turn in range(3):
+        prompt, response, _ = unpadded(batch, turn)
+        assert prompt == chat_prompt_ids(tokenizer, conversation)
+        conversation += [{"role": "assistant", "content": batch.completions[0][2 * turn]["content"]}]
+        conversation += [{"role": "user", "content": "more"}]
+    # the default stops at the first rewrite, naming the turn
+    strict = EnvironmentSource(
+        config, EnvSection(name=section.name), RecordingEngine(engine.engine), tokenizer, rows, None, 512
+    )
+    with pytest.raises(TemplatePrefixError, match="turn 1"):
+        strict.next_batch(1)
+
+
+def _sample_of_generation(i: int) -> int:
+    """Which batch sample the i-th generated row is: generations go turn by turn over the six
+    episodes; the batch lists each episode's three samples in turn order."""
+    turn, episode = divmod(i, 6)
+    return episode * 3 + turn
+
+
+def test_continuing_as_new_samples_needs_a_group_estimator():
+    with pytest.raises(Exception, match=r"on_prefix_mismatch = 'new_sample'.*group estimator"):
+        load_rl_config(None, [*RUN, "algorithm=ppo", "env.on_prefix_mismatch=new_sample"])
+    assert load_rl_config(None, [*RUN, "env.on_prefix_mismatch=new_sample"]).env.on_prefix_mismatch == "new_sample"
 
 
 RUN = ["model.tiny.layers=1", "model.tiny.hidden=32", "model.tiny.heads=2", "data.task=support_bot"]
