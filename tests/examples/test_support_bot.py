@@ -18,7 +18,7 @@ def test_the_support_bot_example_runs_both_stages_and_rl_resolves_more_in_fewer_
     assert summary["sft_steps"] == 300
     records = read_jsonl(tmp_path / "grpo" / "metrics.jsonl")
     evals = [r for r in records if "eval/resolved" in r]
-    assert [r["step"] for r in evals] == [0, 30]  # before and after RL
+    assert [r["step"] for r in evals] == [0, 100]  # before and after RL
     for name, key in (("resolved", "resolved"), ("turns_per_resolution", "turns_per_resolution"), ("return", "reward")):
         assert summary[f"greedy_{name}"] == [evals[0][f"eval/{key}"], evals[-1][f"eval/{key}"]]
         assert summary[f"sampled_{name}"] == [evals[0][f"eval/sampled_{key}"], evals[-1][f"eval/sampled_{key}"]]
@@ -27,6 +27,6 @@ def test_the_support_bot_example_runs_both_stages_and_rl_resolves_more_in_fewer_
     assert after[0] > before[0] and after[1] < before[1], summary
     assert summary["sampled_return"][1] > summary["sampled_return"][0]
     steps = [r for r in records if "env/turns_mean" in r]
-    assert len(steps) == 30 and all(r["env/errors"] == 0 for r in steps)
+    assert len(steps) == 100 and all(r["env/errors"] == 0 for r in steps)
     conversation = read_jsonl(tmp_path / "grpo" / "samples.jsonl")[0]["completion"]
     assert conversation[0]["role"] == "assistant" and conversation[0]["content"].startswith(("ask: ", "fix: "))

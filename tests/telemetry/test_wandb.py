@@ -4,6 +4,8 @@ metrics to a W&B run, and a resumed run continues the same W&B run. W&B runs off
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from posttrain.cli import main
@@ -18,6 +20,17 @@ def wandb_runs(run_dir):
     return sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
 
 
+def written_record(path, needles, wait_s=60.0):
+    """The run file once it holds every needle: W&B's service process writes it on its own
+    after ``finish()`` returns (under load, the first read found only its header)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        record = path.read_bytes()
+        if all(needle in record for needle in needles) or time.monotonic() > deadline:
+            return record
+        time.sleep(0.2)
+
+
 def test_report_to_wandb_logs_each_step_and_a_resume_continues_the_same_run(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -26,7 +39,8 @@ def test_report_to_wandb_logs_each_step_and_a_resume_continues_the_same_run(tmp_
     run_id = (run / "wandb_id").read_text().strip()
     [first] = wandb_runs(run)
     assert first.name == f"run-{run_id}.wandb"
-    record = first.read_bytes()  # protobuf records: the metric names and the run name appear as strings
+    # protobuf records: the metric names and the run name appear as strings
+    record = written_record(first, [b"loss/sft", b"reversal-test", b"posttrain"])
     assert b"loss/sft" in record and b"reversal-test" in record and b"posttrain" in record
 
     assert main([*SFT, "steps=3", f"output_dir={run}", "run_name=reversal-test", "--resume", "auto"]) == 0

@@ -3,9 +3,11 @@ config under five algorithms, their every logged metric and a checksum of the fi
 recorded before the loop was split into rollout source / batch preparation / update. A change
 that moves any number by one ulp fails here.
 
-The records hold the torch version they were made with; floating-point results differ between
-torch builds, so on another version the comparison is skipped with that reason. To record anew
-(only when a change is *meant* to alter the numbers, said in its commit):
+The records hold what they were made with — the torch and transformers versions and the CPU
+instructions torch's kernels use (AVX2, AVX512: the same build rounds differently on each, the
+last digits of a step-1 log-prob gap already) — and where any of them differs the comparison is
+skipped with that reason. To record anew (when a change is *meant* to alter the numbers, said in
+its commit, or for a new machine, recorded from the commit before any change):
 ``POSTTRAIN_REPIN=1 pytest tests/train/test_pinned_runs.py``."""
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from transformers import AutoModelForCausalLM
 
 from posttrain.telemetry.metrics import read_jsonl
@@ -55,7 +58,16 @@ def record(tmp_path: Path, name: str) -> dict:
     metrics = [{k: v for k, v in row.items() if not k.startswith(UNSTABLE)} for row in rows]
     model = AutoModelForCausalLM.from_pretrained(out / "final")
     weights = {k: float(v.double().sum()) for k, v in model.state_dict().items()}
-    return {"torch": torch.__version__, "overrides": overrides, "metrics": metrics, "weights": weights}
+    return {**platform(), "overrides": overrides, "metrics": metrics, "weights": weights}
+
+
+def platform() -> dict[str, str]:
+    """What the numbers depend on besides posttrain's code."""
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
@@ -66,8 +78,9 @@ def test_a_pinned_run_repeats_its_recorded_numbers(tmp_path, name):
         path.write_text(json.dumps(got, indent=1) + "\n")
         pytest.skip(f"recorded {path}")
     pinned = json.loads(path.read_text())
-    if pinned["torch"] != torch.__version__:
-        pytest.skip(f"pinned with torch {pinned['torch']}, this is {torch.__version__}")
+    differing = {key: (pinned.get(key), value) for key, value in platform().items() if pinned.get(key) != value}
+    if differing:
+        pytest.skip("pinned on another platform: " + ", ".join(f"{k} {a} here {b}" for k, (a, b) in differing.items()))
     assert len(got["metrics"]) == len(pinned["metrics"])
     for new, old in zip(got["metrics"], pinned["metrics"], strict=True):
         assert new == old, f"step {old.get('step')}: " + ", ".join(
