@@ -81,7 +81,8 @@ class Registry(dict[str, Callable[..., Any]]):
     def declares(self, name: str, parameter: str) -> bool:
         """Whether entry `name` takes `parameter` (a standard input or an option): a policy loss
         that takes ``weights`` can apply truncated importance weights, one that takes
-        ``proximal_logprobs`` needs the asynchronous loop's proximal policy."""
+        ``proximal_logprobs`` gets the policy at the start of the step as π_prox and the
+        engine's log-probs as π_behav (``train/rl_update.py``)."""
         return parameter in inspect.signature(self[name]).parameters
 
     def names_where(self, predicate: Callable[[Any], bool]) -> list[str]:

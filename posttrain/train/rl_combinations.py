@@ -60,12 +60,6 @@ def _env_problems(config: RLRun) -> list[str]:
     return problems
 
 
-def synchronous_losses() -> list[str]:
-    """The policy losses this loop can train with: a loss on a proximal policy
-    (``proximal_logprobs``) needs a loop that keeps one, the asynchronous one."""
-    return [n for n in sorted(POLICY_LOSSES) if not POLICY_LOSSES.declares(n, "proximal_logprobs")]
-
-
 def _estimator_problems(config: RLRun) -> list[str]:
     algo, problems = config.algorithm, []
     known = algo.advantage in ADVANTAGE_ESTIMATORS
@@ -147,11 +141,9 @@ def _batch_problems(config: RLRun) -> list[str]:
 
 def _loss_problems(config: RLRun) -> list[str]:
     loss, problems = config.algorithm.policy_loss, []
-    synchronous = synchronous_losses()
-    if loss not in synchronous:
-        hint = f" ({loss} needs the asynchronous loop)" if loss in POLICY_LOSSES else ""
-        problems.append(unknown_choice("algorithm.policy_loss", loss, synchronous) + hint)
-    weighted = [n for n in synchronous if POLICY_LOSSES.declares(n, "weights")]
+    if loss not in POLICY_LOSSES:
+        problems.append(unknown_choice("algorithm.policy_loss", loss, sorted(POLICY_LOSSES)))
+    weighted = [n for n in sorted(POLICY_LOSSES) if POLICY_LOSSES.declares(n, "weights")]
     if config.rollout.tis_cap is not None and loss in POLICY_LOSSES and loss not in weighted:
         problems.append(
             f"rollout.tis_cap weights each token's loss, which algorithm.policy_loss = {loss!r} "

@@ -29,6 +29,9 @@ class PolicyUpdate:
         self.policy, self.critic, self.kl_controller = policy, critic, kl_controller
         self.minibatch_size = minibatch_size(config)
         self.recompute_old_logprobs = recompute_old_logprobs(config)
+        # AReaL's decoupled objective (a loss that takes proximal_logprobs): π_prox is the policy
+        # at the start of this step, π_behav the engine that sampled the tokens
+        self.decoupled = POLICY_LOSSES.declares(config.algorithm.policy_loss, "proximal_logprobs")
         self.params = [p for p in policy.parameters() if p.requires_grad]
         # zero gradients from the start, not None: AdamW skips a parameter whose gradient is
         # None, so a step that trains no sample (every advantage 0) would move the weights
@@ -121,9 +124,10 @@ class PolicyUpdate:
         options = dict(algo.loss_options)
         if config.rollout.tis_cap is not None:  # π_old/π_engine: the engine sampled, not π_old
             options["weights"] = truncated_is_weights(old, micro.engine_logprobs, config.rollout.tis_cap)
+        behaviour = {"old_logprobs": micro.engine_logprobs, "proximal_logprobs": old} if self.decoupled else {}
         policy_loss, loss_metrics = POLICY_LOSSES[algo.policy_loss](
             logprobs=logprobs,
-            old_logprobs=old,
+            **{"old_logprobs": old, **behaviour},
             advantages=micro.advantages,
             response_mask=micro.loss_mask,
             agg_mode=algo.agg_mode,

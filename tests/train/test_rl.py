@@ -26,7 +26,7 @@ SMALL += ["samples_per_prompt=4", "max_new_tokens=6", "learning_rate=1e-3", "log
 
 ALL_PRESETS = [
     "grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo", "gdpo",
-    "rloo", "remax", "reinforce", "reinforce_pp", "reinforce_pp_baseline", "ppo",
+    "rloo", "remax", "reinforce", "reinforce_pp", "reinforce_pp_baseline", "ppo", "areal",
 ]  # fmt: skip
 
 
@@ -281,6 +281,49 @@ def test_eval_k_reports_pass_at_k_over_that_many_sampled_completions_per_prompt(
     assert metrics["eval/pass_at_k"] == pytest.approx(sum(passed) / 9)
     assert 0 < sum(passed) < 9  # a figure that tells prompts apart, not all-or-nothing
     assert "eval/pass_at_k" not in make_run(tmp_path, ["eval_size=9", "preflight=false"], name="greedy").evaluate()
+
+
+class ShiftedEngine:
+    """The real engine, reporting every sampled token's log-prob ``shift`` lower than it was."""
+
+    def __init__(self, engine, shift):
+        self.engine, self.shift = engine, shift
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def generate(self, prompts, sampling):
+        rollouts = self.engine.generate(prompts, sampling)
+        rollouts.logprobs = rollouts.logprobs - self.shift * rollouts.response_mask
+        return rollouts
+
+
+def test_areal_weighs_each_token_by_proximal_over_the_engines_behaviour_policy(tmp_path):
+    base = ["algorithm=areal", "steps=2", "minibatch_size=8", "preflight=false"]
+    straight = make_run(tmp_path, base, name="straight")
+    history = straight.run()
+    # the engine is the trainer's weights: w = π_prox/π_behav is 1 up to rounding, nothing masked
+    assert all(h["policy/behaviour_masked_fraction"] == 0.0 for h in history)
+    assert all(abs(h["policy/behaviour_weight_mean"] - 1) < 1e-4 for h in history)
+    # an engine whose tokens were 10x less likely than π_prox says: every weight is 10 > cap 5
+    stale = make_run(tmp_path, base, name="stale")
+    stale.source.engine = ShiftedEngine(stale.source.engine, math.log(10.0))
+    for record in stale.run():
+        assert record["policy/behaviour_masked_fraction"] == 1.0 and record["loss/policy"] == 0.0
+        assert record["policy/behaviour_weight_mean"] == pytest.approx(10.0, rel=1e-3)
+
+
+def test_areal_without_behaviour_weights_is_ppo_clip_around_the_step_start_policy(tmp_path):
+    common = ["steps=2", "minibatch_size=8", "preflight=false", "algorithm.agg_mode=token-mean"]
+    decoupled = make_run(
+        tmp_path, [*common, "algorithm=areal", "algorithm.loss_options.behaviour_weight=none"], name="decoupled"
+    )
+    no_kl = ["algorithm.kl.placement=none", "algorithm.kl.coef=0"]
+    clipped = make_run(tmp_path, [*common, "algorithm=grpo", *no_kl], name="clipped")
+    first, second = decoupled.run(), clipped.run()
+    assert [h["loss/policy"] for h in first] == pytest.approx([h["loss/policy"] for h in second], abs=1e-7)
+    for a, b in zip(decoupled.policy.parameters(), clipped.policy.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_accuracy_is_reported_for_one_0_1_reward_not_for_a_sum_that_happens_to_be_0_1(tmp_path):
