@@ -54,6 +54,12 @@ from posttrain.train.sft import SFTObjective
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "support_bot_grpo.yaml"
 SFT_STEPS, SCRIPTED_EPISODES = 300, 600
 BEFORE_AFTER = (("before", "sft"), ("after", "grpo"))
+FIGURES = {  # summary name: evaluation metric (eval/<metric>, eval/sampled_<metric>)
+    "resolved": "resolved",
+    "turns_per_resolution": "turns_per_resolution",
+    "turns": "turns_mean",
+    "return": "reward",
+}
 # the same runs, evaluated on fewer rows and only before and after: in 30 steps the sampled
 # resolution already rises but the turns per resolution fall only later (README table)
 QUICK_RL = ["eval_every=0", "eval_size=48"]
@@ -86,11 +92,9 @@ def summarise(rl_dir: Path) -> dict[str, Any]:
     greedy and over the sampled episodes."""
     evals = [r for r in read_jsonl(rl_dir / "metrics.jsonl") if "eval/resolved" in r]
     first, last = evals[0], evals[-1]
-    figures = {"resolved": "resolved", "turns_per_resolution": "turns_per_resolution", "turns": "turns_mean"}
-    figures["return"] = "reward"
     summary = {}
     for mode, prefix in (("greedy", "eval/"), ("sampled", "eval/sampled_")):
-        for name, key in figures.items():
+        for name, key in FIGURES.items():
             if prefix + key in first:
                 summary[f"{mode}_{name}"] = [first[prefix + key], last[prefix + key]]
     return summary

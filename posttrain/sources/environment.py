@@ -66,9 +66,9 @@ class _Play:
 
     @property
     def samples(self) -> list[tuple[Episode, list[float]]]:
-        """The batch samples of this episode: each sample with a policy turn (the last one
-        always, so that an episode that ended in an error is still counted)."""
-        return [*((e, lp) for e, lp in self.earlier if e.texts), (self.episode, self.logprobs)]
+        """The batch samples of this episode: the earlier ones (each ends with a policy turn)
+        and the current one (always, so that an episode that ended in an error is counted)."""
+        return [*self.earlier, (self.episode, self.logprobs)]
 
     @property
     def total_reward(self) -> float:
@@ -127,8 +127,9 @@ class EnvironmentSource:
         plays = self._start([row for row in rows for _ in range(self.config.samples_per_prompt)])
         generate_s = self._play(plays, step)
         t1 = time.perf_counter()
-        batch = self._batch(plays, rows)
-        batch.scores = self._scores(plays, rows, batch)
+        owners = [i for i, play in enumerate(plays) for _ in play.samples]  # each sample's episode
+        batch = self._batch(plays, rows, owners)
+        batch.scores = self._scores(plays, rows, owners, batch)
         t2 = time.perf_counter()
         self._check_errors(plays, step)
         metrics, self.lowest_score = reward_metrics(batch, False, self.lowest_score)
@@ -253,12 +254,12 @@ class EnvironmentSource:
         return generate_s
 
     # ------------------------------------------------------------------ the batch
-    def _batch(self, plays: list[_Play], rows: list[dict[str, Any]]) -> RolloutBatch:
+    def _batch(self, plays: list[_Play], rows: list[dict[str, Any]], owners: list[int]) -> RolloutBatch:
         """One sample per episode, or per sample of a split one (``on_prefix_mismatch:
         new_sample``): each of those carries its own turns and their rewards, shares the
-        episode's group and is scored with the whole episode's return (``_scores``)."""
+        episode's group and is scored with the whole episode's return (``_scores``); ``owners``
+        gives each sample's episode."""
         pad = self.engine.pad_id
-        owners = _owners(plays)
         samples = [sample for play in plays for sample in play.samples]
         prompts = [episode.ids[: episode.prompt_length] for episode, _ in samples]
         responses = [episode.ids[episode.prompt_length :] for episode, _ in samples]
@@ -294,14 +295,15 @@ class EnvironmentSource:
             policy_version=torch.full((b,), self.version, dtype=torch.long),
             prompts=[plays[i].first_observation for i in owners],
             completions=[_conversation(plays[i]) for i in owners],
-            columns={key: [rows[i // group].get(key) for i in owners] for key in names},
+            columns=_row_columns(rows, names, owners, group),
         )
 
-    def _scores(self, plays: list[_Play], rows: list[dict[str, Any]], batch: RolloutBatch) -> torch.Tensor:
+    def _scores(
+        self, plays: list[_Play], rows: list[dict[str, Any]], owners: list[int], batch: RolloutBatch
+    ) -> torch.Tensor:
         """Each episode's return, on each of its samples: its turn rewards plus the ``rewards=``
         score of the conversation (NaN where a function has no score for it); NaN for an
         episode that ended in an error."""
-        owners = torch.tensor(_owners(plays))
         # an episode the environment gave no reward (its only turn cut by the budget) returns 0:
         # that is its return, as a single-turn completion cut short is still scored
         returns = torch.tensor([play.total_reward for play in plays], dtype=torch.float32)
@@ -311,12 +313,11 @@ class EnvironmentSource:
                 for play in plays
             ]
             group = self.config.samples_per_prompt
-            columns = {key: [rows[i // group].get(key) for i in range(len(plays))] for key in batch.columns}
             result = self.rewards.score(
                 [play.first_observation for play in plays],
                 [_conversation(play) for play in plays],
                 sampled_ids,
-                columns,
+                _row_columns(rows, batch.columns, range(len(plays)), group),
                 group_ids=torch.arange(len(plays)) // group,
             )
             batch.reward_components = result.components[owners]
@@ -333,9 +334,11 @@ class EnvironmentSource:
             )
 
 
-def _owners(plays: list[_Play]) -> list[int]:
-    """For each batch sample, the index of the episode it belongs to."""
-    return [i for i, play in enumerate(plays) for _ in play.samples]
+def _row_columns(
+    rows: list[dict[str, Any]], names: Sequence[str], episodes: Sequence[int], group: int
+) -> dict[str, list[Any]]:
+    """The dataset columns ``names`` for each of ``episodes`` (episode i plays row i // group)."""
+    return {key: [rows[i // group].get(key) for i in episodes] for key in names}
 
 
 def _conversation(play: _Play) -> list[dict[str, Any]]:

@@ -51,8 +51,7 @@ def _env_problems(config: RLRun) -> list[str]:
             "algorithm.overlong shapes single-turn lengths; env episodes have per-turn and per-episode budgets "
             "(max_new_tokens, env.max_total_tokens): set enabled: false"
         )
-    known = algo.advantage in ADVANTAGE_ESTIMATORS
-    if known and ADVANTAGE_ESTIMATORS.needs[algo.advantage].reward_weights and not config.rewards:
+    if needs.reward_weights and not config.rewards:
         problems.append(
             f"algorithm.advantage = {algo.advantage!r} normalises each reward function apart; with env and no "
             "rewards: there is only the environment's return: use grpo or rloo, or list rewards"

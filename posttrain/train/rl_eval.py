@@ -41,28 +41,22 @@ def evaluate_held_out(
         batch_size=config.eval_batch_size,
         stop=config.sampling.stop,
     )
+    # each function's own scores of the greedy completions, before pass@k's samples add theirs
+    table = torch.cat(components) if len(rewards.names) > 1 else None
+    metrics = {"eval/reward": result.accuracy}
     if config.eval_k:
-
-        def plain_score(prompts: list[Any], completions: list[str], completion_ids: list[list[int]], **columns: Any):
-            scores = rewards.score(prompts, completions, completion_ids, columns).scores.tolist()
-            return [None if math.isnan(v) else v for v in scores]
-
-        pass_rate = pass_at_k(
-            policy, tokenizer, rows, plain_score, k=config.eval_k, temperature=config.temperature_value,
+        metrics["eval/pass_at_k"] = pass_at_k(
+            policy, tokenizer, rows, score, k=config.eval_k, temperature=config.temperature_value,
             max_new_tokens=config.max_new_tokens, seed=config.seed, stop=config.sampling.stop,
         )  # fmt: skip
     policy.train()
     values = [s["reward"] for s in result.samples if s["reward"] is not None]
-    metrics = {"eval/reward": result.accuracy}
-    if len(rewards.names) > 1:  # each function's own mean, weight-0 (monitoring) ones included
-        table = torch.cat(components)
+    if table is not None:  # each function's own mean, weight-0 (monitoring) ones included
         for index, name in enumerate(rewards.names):
             metrics[f"eval/{name}/mean"] = float(table[:, index].nanmean())
             # full marks: a task scorer's partial credit (reasoning-gym gives 0.01 for a
             # wrong number) would otherwise read as accuracy in the mean
             metrics[f"eval/{name}/solved"] = float((table[:, index] >= 1.0).float().mean())
-    if config.eval_k:
-        metrics["eval/pass_at_k"] = pass_rate
     if len(rewards.names) == 1 and values and all(v in (0.0, 1.0) for v in values):
         metrics["eval/accuracy"] = result.accuracy
     return metrics, result
