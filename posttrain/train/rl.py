@@ -46,6 +46,7 @@ from posttrain.rewards import NamedReward, RewardSet
 from posttrain.rewards.registry import resolve_rewards
 from posttrain.rollout.engine import build_engine
 from posttrain.sources import RolloutSource
+from posttrain.sources.async_producer import AsyncProducer, rollout_copy
 from posttrain.sources.environment import EnvironmentSource
 from posttrain.sources.recorded import RecordingSource, ReplaySource, check_replay_folder
 from posttrain.sources.single_turn import SingleTurnSource
@@ -166,13 +167,29 @@ class OnlineRL:
         episodes, or a recording — and what evaluates the held-out rows."""
         config, limit = self.config, context_limit(self.policy)
         evaluation: Any = HeldOutCompletions(self.policy, self.tokenizer, self.rewards, config)
+        # asynchronous: the producer samples with its own copy of the policy, never the trained module
+        staleness = config.rollout.max_staleness
+        rollout_model = rollout_copy(self.policy) if staleness else self.policy
+        engine = build_engine(rollout_model, self.tokenizer, kind=config.engine_kind) if staleness else self.engine
         if config.rollout.replay is not None:
             source: RolloutSource = ReplaySource(config.rollout.replay)
         elif config.env is not None:
-            args = (self.engine, self.tokenizer, rows, self.rewards, limit, self.echo)
-            source = evaluation = EnvironmentSource(config, config.env, *args)
+            args = (self.tokenizer, rows, self.rewards, limit, self.echo)
+            source = evaluation = EnvironmentSource(config, config.env, self.engine, *args)
+            if staleness:  # held-out episodes are played by the policy now, in the learner's thread
+                source = EnvironmentSource(config, config.env, engine, *args)
         else:
-            source = SingleTurnSource(config, self.engine, self.tokenizer, rows, self.rewards, limit, self.echo)
+            source = SingleTurnSource(config, engine, self.tokenizer, rows, self.rewards, limit, self.echo)
+        if staleness:
+            source = AsyncProducer(
+                source,
+                rollout_model,
+                self.policy,
+                max_staleness=staleness,
+                steps=config.steps,
+                producer_threads=config.rollout.producer_threads,
+                echo=self.echo,
+            )
         if config.record_rollouts:
             source = RecordingSource(source, self.out / "rollouts")
         return source, evaluation

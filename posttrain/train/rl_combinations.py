@@ -21,9 +21,27 @@ def combination_problems(config: RLRun) -> list[str]:
     """Every impossible combination of fields, each naming the fields involved."""
     problems = [*_estimator_problems(config), *_kl_problems(config.algorithm.kl), *_batch_problems(config)]
     problems += _loss_problems(config) + _option_problems(config.algorithm) + _reward_problems(config)
-    problems += _env_problems(config)
+    problems += _env_problems(config) + _async_problems(config)
     if config.model.lora is not None and config.algorithm.critic is not None:
         problems.append("model.lora with algorithm.critic is not supported yet: train the critic in full")
+    return problems
+
+
+def _async_problems(config: RLRun) -> list[str]:
+    """What the asynchronous producer (``sources/async_producer.py``) cannot overlap."""
+    rollout, problems = config.rollout, []
+    if rollout.max_staleness == 0:
+        return []
+    if rollout.replay is not None:
+        problems.append(
+            "rollout.max_staleness overlaps sampling with training; rollout.replay samples nothing (it reads "
+            "recorded batches): set max_staleness: 0 to replay"
+        )
+    if config.engine_kind == "vllm":
+        problems.append(
+            "rollout.max_staleness >= 1 with rollout.engine = 'vllm' is not supported yet (the producer keeps its "
+            "own copy of the policy for a local engine): use engine auto, native or transformers, or max_staleness: 0"
+        )
     return problems
 
 

@@ -186,6 +186,17 @@ class RolloutSection(Section):
     """A run's rollouts/ folder (written with record_rollouts: true): train on its recorded
     batches, step by step, instead of sampling and scoring; with the recorded run's config the
     losses repeat exactly. null: sample as usual."""
+    max_staleness: int = Field(0, ge=0)
+    """Asynchronous RL (AReaL, docs/algorithms.md §8.1): 0 is the synchronous loop. η ≥ 1: a
+    producer thread with its own copy of the policy samples and scores batch k while the learner
+    trains, using the weights of version max(0, k − 1 − η) (the learner's updates so far), so no
+    sample is trained on more than η versions after the weights that sampled it, and a run
+    repeats exactly (also across a resume). Policy losses anchor on the engine's log-probs (the
+    policy that sampled); the decoupled loss (algorithm: areal) clips around the policy at the
+    start of the step instead. Holds up to η + 1 copies of the trained weights."""
+    producer_threads: int | None = Field(None, ge=1)
+    """With max_staleness ≥ 1: torch threads of the producer (default: half of the run's
+    threads, at least 1); the learner keeps the rest (at least 1)."""
 
 
 class RLRun(Section):

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from posttrain.algos import (
     ADVANTAGE_ESTIMATORS,
+    POLICY_LOSSES,
     AdaptiveKLControllerHorizon,
     AdaptiveKLControllerPPO,
     FixedKLController,
@@ -44,6 +45,20 @@ def recompute_old_logprobs(config: RLRun) -> bool:
     """Only with more than one optimizer step per batch do π_old and π differ; on-policy
     the ratio is exactly 1 and π_old is π detached (TRL does the same)."""
     return config.ppo_epochs > 1 or minibatch_size(config) < config.rollout_batch_size
+
+
+def anchors_on_engine(config: RLRun) -> bool:
+    """Whether π_old is the engine's log-probs rather than the trainer's.
+
+    Asynchronous runs (``rollout.max_staleness`` ≥ 1) sample with weights up to η updates older
+    than the policy at the start of the step: a policy loss anchored on the trainer's log-probs
+    would clip around a policy that never generated the data, and its ratio would not correct
+    for the staleness (a reported pitfall of async RL stacks). So a loss without a proximal
+    policy takes π_old = π_behav, the engine's log-probs (PPO's ratio against the sampling
+    policy); the decoupled loss gets both (train/rl_update.py)."""
+    return config.rollout.max_staleness >= 1 and not POLICY_LOSSES.declares(
+        config.algorithm.policy_loss, "proximal_logprobs"
+    )
 
 
 def sequence_logprobs(
@@ -116,7 +131,9 @@ class BatchPreparer:
         if self.algo.mask_truncated:
             loss_mask[batch.truncated] = 0.0
         batch.loss_mask = loss_mask
-        if self.recompute_old_logprobs:
+        if anchors_on_engine(self.config):
+            batch.old_logprobs = batch.engine_logprobs
+        elif self.recompute_old_logprobs:
             batch.old_logprobs = self._logprobs(self.policy, batch)
             # the engine's log-probs are their own stream: how far from the trainer's π_old (on-policy
             # runs measure it in the update's own forward instead, over the samples it trains on)

@@ -16,7 +16,7 @@ from posttrain.algos.mismatch import rollout_mismatch, truncated_is_weights
 from posttrain.errors import TrainingDiverged
 from posttrain.train.rl_batch import RolloutBatch
 from posttrain.train.rl_config import RLRun
-from posttrain.train.rl_prepare import minibatch_size, recompute_old_logprobs, sequence_logprobs
+from posttrain.train.rl_prepare import anchors_on_engine, minibatch_size, recompute_old_logprobs, sequence_logprobs
 from posttrain.train.schedule import lr_multiplier
 
 
@@ -32,6 +32,7 @@ class PolicyUpdate:
         # AReaL's decoupled objective (a loss that takes proximal_logprobs): π_prox is the policy
         # at the start of this step, π_behav the engine that sampled the tokens
         self.decoupled = POLICY_LOSSES.declares(config.algorithm.policy_loss, "proximal_logprobs")
+        self.anchors_on_engine = anchors_on_engine(config)
         self.params = [p for p in policy.parameters() if p.requires_grad]
         # zero gradients from the start, not None: AdamW skips a parameter whose gradient is
         # None, so a step that trains no sample (every advantage 0) would move the weights
@@ -169,9 +170,13 @@ class PolicyUpdate:
             metrics["policy/engine_logprob_gap"] = float(
                 masked_mean((old - micro.engine_logprobs).abs(), micro.response_mask)
             )
-            if micro.old_logprobs is None:  # on-policy: this forward is π_old, no extra pass needed
+            if micro.old_logprobs is None or self.anchors_on_engine:
+                # on-policy this forward is π_old, no extra pass needed; async it is the trainer
+                # against the (older) weights that sampled
                 metrics.update(
-                    rollout_mismatch(old, micro.engine_logprobs, micro.response_mask, config.rollout.tis_cap)
+                    rollout_mismatch(
+                        logprobs.detach(), micro.engine_logprobs, micro.response_mask, config.rollout.tis_cap
+                    )
                 )
         return metrics
 

@@ -31,6 +31,10 @@ CASES = {
     "ppo_critic": ["algorithm=ppo", "ppo_epochs=2", "minibatch_size=8"],
     "dapo_dynamic_sampling": ["algorithm=dapo", "algorithm.overlong.enabled=false"],
     "stateful_reward": ["algorithm=rloo", "rewards=[tests.train.resume_cases:running_vowels]"],
+    # asynchronous: the checkpoint holds the batches made ahead of the learner (sources/async_producer.py)
+    "grpo_async": ["algorithm=grpo", *NO_KL, "rollout.max_staleness=2"],
+    "areal_async_lora": ["algorithm=areal", "rollout.max_staleness=1", "model.lora.r=4", "model.lora.alpha=8"],
+    "ppo_critic_async": ["algorithm=ppo", "ppo_epochs=2", "minibatch_size=8", "rollout.max_staleness=3"],
 }
 
 
