@@ -122,6 +122,7 @@ def _demo(args: argparse.Namespace) -> int:
             sft_max_steps=args.sft_max_steps,
             baseline=not args.no_baseline,
             threads=args.threads,
+            max_staleness=args.max_staleness,
         )
     )
     return 0
@@ -245,6 +246,12 @@ def _add_demo(commands: Any, debug: argparse.ArgumentParser) -> None:
     demo.add_argument("--sft-max-steps", type=int, default=400, help="SFT steps at most (it stops early)")
     demo.add_argument("--no-baseline", action="store_true", help="skip the continued-SFT comparison")
     demo.add_argument("--threads", type=int, default=None, help="torch threads; every available core if not given")
+    demo.add_argument(
+        "--max-staleness",
+        type=int,
+        default=0,
+        help="asynchronous RL: sample up to this many policy versions ahead of the learner (0: synchronous)",
+    )
     demo.set_defaults(handler=_demo)
 
 

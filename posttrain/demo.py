@@ -86,6 +86,9 @@ class DemoConfig:
     """Completions per prompt (the group)."""
     eval_every: int = 100
     """Held-out evaluation interval of the RL stage (steps)."""
+    max_staleness: int = 0
+    """The RL stage's rollout.max_staleness: 0 synchronous; η ≥ 1 samples the next batches in a
+    producer thread while the learner trains (seed 004, sources/async_producer.py)."""
     baseline: bool = True
     """Also run the continued-SFT baseline for the RL stage's training time."""
     threads: int | None = None
@@ -209,6 +212,7 @@ def _rl_config(config: DemoConfig, out: Path) -> RLRun:
             "lr_scheduler": config.rl_scheduler,
             "eval_every": config.eval_every,
             "eval_size": config.n_test,
+            "rollout": {"max_staleness": config.max_staleness},
             "seed": config.seed,
             "output_dir": str(out),
             "overwrite": True,  # the demo redoes its own stages when run again
