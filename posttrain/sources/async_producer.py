@@ -33,7 +33,6 @@ import copy
 import dataclasses
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -74,14 +73,14 @@ class AsyncProducer:
         *,
         max_staleness: int,
         steps: int,
-        producer_threads: int | None = None,
-        echo: Callable[[str], None] = print,
+        producer_threads: int = 1,
+        engine: Any = None,
     ) -> None:
         if max_staleness < 1:
             raise ValueError(
                 f"max_staleness must be >= 1 for a producer (0 is the synchronous loop), got {max_staleness}"
             )
-        self.inner, self.policy, self.echo = inner, policy, echo
+        self.inner, self.policy, self.engine = inner, policy, engine
         self.max_staleness, self.steps = max_staleness, steps
         self.producer_threads = producer_threads
         self.rollout_params = dict(rollout_model.named_parameters())
@@ -149,10 +148,11 @@ class AsyncProducer:
                 self.first_version = 0
                 self.snapshots[0] = trainable_weights(self.policy)
         total = torch.get_num_threads()
-        producer = self.producer_threads or max(1, total // 2)
         self.learner_threads = total
-        torch.set_num_threads(max(1, total - producer))  # the learner's share, in this (the learner's) thread
-        self.thread = threading.Thread(target=self._produce, args=(producer,), name="posttrain-producer", daemon=True)
+        torch.set_num_threads(max(1, total - self.producer_threads))  # the learner's share, in its own thread
+        self.thread = threading.Thread(
+            target=self._produce, args=(self.producer_threads,), name="posttrain-producer", daemon=True
+        )
         self.thread.start()
 
     def close(self) -> None:
@@ -163,6 +163,8 @@ class AsyncProducer:
             self.thread.join(JOIN_TIMEOUT_S)
         if self.learner_threads is not None:
             torch.set_num_threads(self.learner_threads)
+        if hasattr(self.engine, "close"):  # a rollout process
+            self.engine.close()
         self.inner.close()
 
     # ------------------------------------------------------------------ the producer thread

@@ -45,6 +45,7 @@ from posttrain.models.value import value_model_from_policy
 from posttrain.rewards import NamedReward, RewardSet
 from posttrain.rewards.registry import resolve_rewards
 from posttrain.rollout.engine import build_engine
+from posttrain.rollout.process_engine import ProcessEngine
 from posttrain.sources import RolloutSource
 from posttrain.sources.async_producer import AsyncProducer, rollout_copy
 from posttrain.sources.environment import EnvironmentSource
@@ -168,9 +169,15 @@ class OnlineRL:
         config, limit = self.config, context_limit(self.policy)
         evaluation: Any = HeldOutCompletions(self.policy, self.tokenizer, self.rewards, config)
         # asynchronous: the producer samples with its own copy of the policy, never the trained module
-        staleness = config.rollout.max_staleness
+        staleness, engine = config.rollout.max_staleness, self.engine
         rollout_model = rollout_copy(self.policy) if staleness else self.policy
-        engine = build_engine(rollout_model, self.tokenizer, kind=config.engine_kind) if staleness else self.engine
+        producer_threads = config.rollout.producer_threads or max(1, torch.get_num_threads() // 2)
+        if staleness:
+            engine = (
+                ProcessEngine(rollout_model, self.tokenizer, config.engine_kind, producer_threads)
+                if config.rollout.producer == "process"
+                else build_engine(rollout_model, self.tokenizer, kind=config.engine_kind)
+            )
         if config.rollout.replay is not None:
             source: RolloutSource = ReplaySource(config.rollout.replay)
         elif config.env is not None:
@@ -187,8 +194,8 @@ class OnlineRL:
                 self.policy,
                 max_staleness=staleness,
                 steps=config.steps,
-                producer_threads=config.rollout.producer_threads,
-                echo=self.echo,
+                producer_threads=producer_threads,
+                engine=engine,
             )
         if config.record_rollouts:
             source = RecordingSource(source, self.out / "rollouts")

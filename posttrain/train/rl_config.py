@@ -194,6 +194,11 @@ class RolloutSection(Section):
     repeats exactly (also across a resume). Policy losses anchor on the engine's log-probs (the
     policy that sampled); the decoupled loss (algorithm: areal) clips around the policy at the
     start of the step instead. Holds up to η + 1 copies of the trained weights."""
+    producer: Literal["process", "thread"] = "process"
+    """With max_staleness ≥ 1, where the producer's engine decodes: "process", a child process
+    sharing the copy's weights in memory (Python's interpreter lock is not shared with the
+    learner: the faster choice measured here); "thread", in the producer thread of this process
+    (no process start-up; for models that cannot be handed to another process)."""
     producer_threads: int | None = Field(None, ge=1)
     """With max_staleness ≥ 1: torch threads of the producer (default: half of the run's
     threads, at least 1); the learner keeps the rest (at least 1)."""

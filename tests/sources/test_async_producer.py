@@ -6,6 +6,7 @@ batches, and a failed batch stops the run at its own step with the earlier steps
 
 from __future__ import annotations
 
+import copy
 import time
 
 import pytest
@@ -76,6 +77,9 @@ def test_the_batches_do_not_depend_on_how_the_threads_interleave(tmp_path):
     slow_vowel_share.calls = 0
     slow = make_run(tmp_path, common, "slow", rewards=(slow_vowel_share,)).run()
     assert deterministic(fast) == deterministic(slow)
+    # the producer decoding in a thread of this process instead of the rollout process: the same batches
+    in_thread = make_run(tmp_path, [*common, "rollout.producer=thread"], "thread").run()
+    assert deterministic(fast) == deterministic(in_thread)
     assert max(h["time/learner_wait_s"] for h in slow) > 0.2  # the learner did wait for the slow producer
     # the weights moved: a run that learns nothing would pass trivially
     assert fast[-1]["policy/grad_norm"] > 0
@@ -145,3 +149,37 @@ def test_environment_episodes_are_produced_ahead_and_evaluated_with_the_trained_
     history = run.run()
     assert [h["async/staleness_max"] for h in history] == [0, 1, 1, 1]
     assert all(h["env/errors"] == 0 for h in history) and "eval/resolved" in history[1]
+
+
+def test_the_rollout_process_returns_the_engines_samples_and_reports_its_errors_and_death():
+    import os
+    import signal
+
+    from posttrain.models.tiny import build_tiny_causal_lm
+    from posttrain.models.tokenizers import build_char_tokenizer
+    from posttrain.rollout.engine import build_engine
+    from posttrain.rollout.process_engine import ProcessEngine, RolloutProcessError
+    from posttrain.rollout.types import SamplingParams
+
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_causal_lm(len(tokenizer), layers=1, hidden=32, heads=2, seed=0, tokenizer=tokenizer)
+    local = build_engine(model, tokenizer)
+    remote = ProcessEngine(copy.deepcopy(model), tokenizer, threads=1)
+    prompts, sampling = [[5, 6, 7], [8, 9]], SamplingParams(n=3, max_new_tokens=5, seed=11)
+    try:
+        mine, theirs = local.generate(prompts, sampling), remote.generate(prompts, sampling)
+        assert torch.equal(mine.response_ids, theirs.response_ids) and torch.equal(mine.logprobs, theirs.logprobs)
+        # new weights are written into the shared copy here and picked up there
+        with torch.no_grad():
+            model.lm_head.weight.mul_(3.0)
+        remote.update_weights(1, model.state_dict())
+        local.update_weights(1)
+        mine, theirs = local.generate(prompts, sampling), remote.generate(prompts, sampling)
+        assert torch.equal(mine.logprobs, theirs.logprobs) and bool((theirs.policy_version == 1).all())
+        with pytest.raises(ValueError, match="every prompt at least one token"):
+            remote.generate([[]], sampling)  # raised in the child, handed back as itself
+        os.kill(remote.process.pid, signal.SIGKILL)
+        with pytest.raises(RolloutProcessError, match="died"):
+            remote.generate(prompts, sampling)
+    finally:
+        remote.close()
