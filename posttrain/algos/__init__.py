@@ -13,6 +13,7 @@ Add an entry with ``@register_advantage("name")`` / ``@register_policy_loss("nam
 
 from posttrain.algos import advantages, decoupled, policy_losses, preference, returns  # noqa: F401  (registers)
 from posttrain.algos.actor import actor_loss, entropy_from_logits
+from posttrain.algos.decoupled import loglinear_proximal_logprobs
 from posttrain.algos.groups import GroupStats, group_normalise, group_stats
 from posttrain.algos.kl import (
     KL_ESTIMATORS,
@@ -71,6 +72,7 @@ __all__ = [
     "group_normalise",
     "group_stats",
     "kl_estimate",
+    "loglinear_proximal_logprobs",
     "masked_mean",
     "masked_sum",
     "masked_var",

@@ -111,3 +111,22 @@ def behaviour_weights(
         if floor is not None:
             kept &= weight >= floor
     return weight, kept
+
+
+def loglinear_proximal_logprobs(
+    behaviour_logprobs: Tensor, current_logprobs: Tensor, behaviour_versions: Tensor, proximal_version: int
+) -> Tensor:
+    """AReaL's approximation of ℓ_prox without a forward pass of the step-start policy:
+
+        α_i = (v_prox − v_behav,i) / (v_θ − v_behav,i),   v_θ = v_prox + 1
+        ℓ_prox ≈ ℓ_behav + α_i · (ℓ_θ − ℓ_behav)
+
+    interpolating in log space between the behaviour policy (version ``behaviour_versions [B]``,
+    which sampled the tokens) and the policy being optimised, one version ahead of the proximal
+    one. Fresh data (v_behav = v_prox) gives α = 0, ℓ_prox = ℓ_behav. ``current_logprobs`` should
+    be detached. Source: AReaL docs, "Proximal Log-Probability Approximation" (prox_logp_method
+    loglinear), 2025.
+    """
+    gap = (proximal_version - behaviour_versions).clamp(min=0).to(behaviour_logprobs.dtype)
+    alpha = (gap / (gap + 1.0)).unsqueeze(-1)
+    return behaviour_logprobs + alpha * (current_logprobs - behaviour_logprobs)

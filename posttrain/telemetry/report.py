@@ -65,6 +65,30 @@ def plot_groups(series: dict[str, tuple[list[int], list[float]]], out_dir: Path)
     return written
 
 
+def staleness_histogram(series: dict[str, tuple[list[int], list[float]]], out_dir: Path) -> Path | None:
+    """An asynchronous run's samples by staleness (versions between the weights that sampled
+    them and the update that trained them; ``async/staleness_k``, each step's fractions averaged
+    over the run, the last bin "k or older"), as one bar chart; None for a synchronous run."""
+    keys = sorted((key for key in series if key.startswith("async/staleness_") and key[-1].isdigit()),
+                  key=lambda key: int(key.rsplit("_", 1)[1]))  # fmt: skip
+    if not keys:
+        return None
+    shares = [sum(series[key][1]) / max(len(series[key][1]), 1) for key in keys]
+    labels = [key.rsplit("_", 1)[1] for key in keys]
+    labels[-1] += "+"
+    fig, ax = plt.subplots(figsize=(4.6, 3.0))
+    ax.bar(labels, shares, color="#4a7ab5")
+    ax.set_title("samples by staleness (policy versions), whole run", fontsize=9)
+    ax.set_xlabel("staleness", fontsize=8)
+    ax.set_ylabel("share of samples", fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    path = out_dir / "report_async_staleness_histogram.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
 def comparison_plot(
     curves: dict[str, list[tuple[float, float]]], path: Path, *, title: str, xlabel: str, ylabel: str
 ) -> Path:
@@ -129,6 +153,9 @@ def write_report(
     samples = read_jsonl(run_dir / "samples.jsonl")[-max_samples:]
     series = metric_series(records)
     images = plot_groups(series, run_dir)
+    histogram = staleness_histogram(series, run_dir)
+    if histogram is not None:
+        images.append(histogram)
     last = {key: values[-1] for key, (_, values) in series.items()}
     extra: list[str] = []
     if links:

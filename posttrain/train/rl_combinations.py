@@ -160,6 +160,12 @@ def _loss_problems(config: RLRun) -> list[str]:
     loss, problems = config.algorithm.policy_loss, []
     if loss not in POLICY_LOSSES:
         problems.append(unknown_choice("algorithm.policy_loss", loss, sorted(POLICY_LOSSES)))
+    decoupled = loss in POLICY_LOSSES and POLICY_LOSSES.declares(loss, "proximal_logprobs")
+    if config.algorithm.proximal != "recompute" and not decoupled:
+        problems.append(
+            f"algorithm.proximal = {config.algorithm.proximal!r} approximates the proximal policy of a decoupled "
+            f"loss; algorithm.policy_loss = {loss!r} has none: use policy_loss: decoupled_ppo (algorithm: areal)"
+        )
     weighted = [n for n in sorted(POLICY_LOSSES) if POLICY_LOSSES.declares(n, "weights")]
     if config.rollout.tis_cap is not None and loss in POLICY_LOSSES and loss not in weighted:
         problems.append(

@@ -129,6 +129,12 @@ class AlgorithmSection(Section):
     """Policy loss (posttrain.algos.POLICY_LOSSES): ppo_clip, gspo, gspo_token, cispo, sapo, pg."""
     loss_options: dict[str, Any] = Field(default_factory=dict)
     """Options of the loss (e.g. {clip_low: 0.2, clip_high: 0.28})."""
+    proximal: Literal["recompute", "loglinear"] = "recompute"
+    """The decoupled loss's π_prox (the policy at the start of the step): "recompute", a forward
+    pass of it before the step's updates (when there is more than one; else the update's own
+    forward); "loglinear", AReaL's approximation from the engine's log-probs and the current
+    ones by each sample's version, ℓ_b + α(ℓ_θ − ℓ_b), α = (v_prox − v_b)/(v_prox + 1 − v_b),
+    which saves that forward pass (algos.loglinear_proximal_logprobs)."""
     agg_mode: Literal[
         "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
     ] = "token-mean"
@@ -355,20 +361,33 @@ def preset_names() -> list[str]:
     return sorted(Path(item.name).stem for item in folder.iterdir() if item.name.endswith(".yaml"))
 
 
-def read_preset(name: str) -> dict[str, Any]:
-    """The ``algorithm`` section a preset name stands for (a path to a YAML file also works)."""
+def _preset_file(name: str) -> dict[str, Any]:
     path = Path(name)
     if path.suffix in (".yaml", ".yml") and path.is_file():
-        data = read_yaml(path)
-    else:
-        file = resources.files(PRESET_PACKAGE) / f"{name}.yaml"
-        if not file.is_file():
-            raise ConfigError(unknown_choice("algorithm", name, preset_names()))
-        data = load_yaml(file.read_text(encoding="utf-8")) or {}
+        return read_yaml(path)
+    file = resources.files(PRESET_PACKAGE) / f"{name}.yaml"
+    if not file.is_file():
+        raise ConfigError(unknown_choice("algorithm", name, preset_names()))
+    return load_yaml(file.read_text(encoding="utf-8")) or {}
+
+
+def read_preset(name: str) -> dict[str, Any]:
+    """The ``algorithm`` section a preset name stands for (a path to a YAML file also works)."""
+    data = _preset_file(name)
     section = data.get("algorithm", data)
     if not isinstance(section, dict):
         raise ConfigError(f"preset {name!r} must hold a mapping under 'algorithm'")
     return {**section, "preset": name}
+
+
+def preset_rollout(name: str) -> dict[str, Any]:
+    """The ``rollout`` defaults a preset brings besides its algorithm (``one_step_off_policy``:
+    max_staleness 1); the config's own rollout keys override them."""
+    data = _preset_file(name)
+    section = data.get("rollout", {}) if "algorithm" in data else {}
+    if not isinstance(section, dict):
+        raise ConfigError(f"preset {name!r}: 'rollout' must be a mapping")
+    return section
 
 
 def _normalise_algorithm(raw: dict[str, Any]) -> dict[str, Any]:
@@ -398,4 +417,7 @@ def load_rl_config(path: str | Path | None = None, overrides: list[str] | tuple[
     algorithm = merged.get("algorithm")
     if isinstance(algorithm, dict) and algorithm.get("preset"):
         merged["algorithm"] = deep_merge(read_preset(algorithm["preset"]), algorithm)
+        rollout = preset_rollout(algorithm["preset"])
+        if rollout:
+            merged = deep_merge({"rollout": rollout}, merged)
     return validate_config(RLRun, merged, source=str(path) if path else "the command line")

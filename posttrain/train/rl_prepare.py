@@ -41,10 +41,16 @@ def minibatch_size(config: RLRun) -> int:
     return config.minibatch_size or config.rollout_batch_size
 
 
+def several_updates(config: RLRun) -> bool:
+    """Whether a batch gets more than one optimizer step (then π_old and π differ after the first)."""
+    return config.ppo_epochs > 1 or minibatch_size(config) < config.rollout_batch_size
+
+
 def recompute_old_logprobs(config: RLRun) -> bool:
     """Only with more than one optimizer step per batch do π_old and π differ; on-policy
-    the ratio is exactly 1 and π_old is π detached (TRL does the same)."""
-    return config.ppo_epochs > 1 or minibatch_size(config) < config.rollout_batch_size
+    the ratio is exactly 1 and π_old is π detached (TRL does the same). The decoupled loss with
+    ``algorithm.proximal: loglinear`` approximates its π_prox instead of this forward pass."""
+    return several_updates(config) and config.algorithm.proximal == "recompute"
 
 
 def anchors_on_engine(config: RLRun) -> bool:

@@ -11,12 +11,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from posttrain.algos import POLICY_LOSSES, actor_loss, kl_estimate, masked_mean, value_loss
+from posttrain.algos import (
+    POLICY_LOSSES,
+    actor_loss,
+    kl_estimate,
+    loglinear_proximal_logprobs,
+    masked_mean,
+    value_loss,
+)
 from posttrain.algos.mismatch import rollout_mismatch, truncated_is_weights
 from posttrain.errors import TrainingDiverged
 from posttrain.train.rl_batch import RolloutBatch
 from posttrain.train.rl_config import RLRun
-from posttrain.train.rl_prepare import anchors_on_engine, minibatch_size, recompute_old_logprobs, sequence_logprobs
+from posttrain.train.rl_prepare import anchors_on_engine, minibatch_size, sequence_logprobs, several_updates
 from posttrain.train.schedule import lr_multiplier
 
 
@@ -28,7 +35,7 @@ class PolicyUpdate:
         self.config, self.algo = config, config.algorithm
         self.policy, self.critic, self.kl_controller = policy, critic, kl_controller
         self.minibatch_size = minibatch_size(config)
-        self.recompute_old_logprobs = recompute_old_logprobs(config)
+        self.several_updates = several_updates(config)
         # AReaL's decoupled objective (a loss that takes proximal_logprobs): π_prox is the policy
         # at the start of this step, π_behav the engine that sampled the tokens
         self.decoupled = POLICY_LOSSES.declares(config.algorithm.policy_loss, "proximal_logprobs")
@@ -66,9 +73,7 @@ class PolicyUpdate:
         sums: dict[str, float] = {}
         updates = 0
         for _ in range(config.ppo_epochs):
-            order = (
-                groups[torch.randperm(groups.numel(), generator=generator)] if self.recompute_old_logprobs else groups
-            )
+            order = groups[torch.randperm(groups.numel(), generator=generator)] if self.several_updates else groups
             for start in range(0, order.numel(), groups_per_minibatch):
                 members = torch.isin(batch.group_ids, order[start : start + groups_per_minibatch])
                 minibatch = batch.select(torch.nonzero(members).flatten())
@@ -125,6 +130,8 @@ class PolicyUpdate:
         options = dict(algo.loss_options)
         if config.rollout.tis_cap is not None:  # π_old/π_engine: the engine sampled, not π_old
             options["weights"] = truncated_is_weights(old, micro.engine_logprobs, config.rollout.tis_cap)
+        if self.decoupled and self.algo.proximal == "loglinear":  # AReaL's approximation, no forward pass
+            old = loglinear_proximal_logprobs(micro.engine_logprobs, logprobs.detach(), micro.policy_version, step - 1)
         behaviour = {"old_logprobs": micro.engine_logprobs, "proximal_logprobs": old} if self.decoupled else {}
         policy_loss, loss_metrics = POLICY_LOSSES[algo.policy_loss](
             logprobs=logprobs,

@@ -7,11 +7,13 @@ batches, and a failed batch stops the run at its own step with the earlier steps
 from __future__ import annotations
 
 import copy
+import math
 import time
 
 import pytest
 import torch
 
+from posttrain.config import ConfigError
 from posttrain.sources.async_producer import AsyncProducer, staleness_metrics
 from posttrain.sources.recorded import read_batch
 from posttrain.telemetry.metrics import read_jsonl
@@ -69,6 +71,7 @@ def test_no_sample_is_trained_more_than_eta_versions_after_its_weights(tmp_path)
         assert history[step - 1]["async/staleness_max"] <= 2
     assert len(lengths) > 3, lengths  # the lengths really were uneven
     assert history[-1]["async/staleness_2"] == 1.0 and history[0]["async/staleness_0"] == 1.0
+    assert (tmp_path / "eta2" / "report_async_staleness_histogram.png").is_file()
 
 
 def test_the_batches_do_not_depend_on_how_the_threads_interleave(tmp_path):
@@ -109,6 +112,7 @@ def test_eta_0_is_the_synchronous_loop(tmp_path):
     first, second = default.run(), explicit.run()
     assert deterministic(first) == deterministic(second)
     assert not any(key.startswith("async/") for key in second[-1])
+    assert not (tmp_path / "explicit" / "report_async_staleness_histogram.png").exists()
 
 
 def failing_at_step_3(prompts, completions, completion_ids, **columns):
@@ -183,3 +187,27 @@ def test_the_rollout_process_returns_the_engines_samples_and_reports_its_errors_
             remote.generate(prompts, sampling)
     finally:
         remote.close()
+
+
+def test_loglinear_proximal_interpolates_by_each_samples_version_gap():
+    from posttrain.algos import loglinear_proximal_logprobs
+
+    behaviour = torch.tensor([[-1.0, -2.0], [-1.0, -2.0], [-1.0, -2.0]])
+    current = torch.tensor([[-0.5, -1.0], [-0.5, -1.0], [-0.5, -1.0]])
+    # proximal version 4; samples from versions 4 (fresh), 3 and 1: alpha 0, 1/2, 3/4
+    proximal = loglinear_proximal_logprobs(behaviour, current, torch.tensor([4, 3, 1]), proximal_version=4)
+    assert torch.allclose(proximal[0], behaviour[0])
+    assert torch.allclose(proximal[1], torch.tensor([-0.75, -1.5]))
+    assert torch.allclose(proximal[2], torch.tensor([-0.625, -1.25]))
+
+
+def test_areal_with_the_loglinear_proximal_skips_the_step_start_forward_and_trains(tmp_path):
+    overrides = ["algorithm=areal", "algorithm.proximal=loglinear", "ppo_epochs=2", "minibatch_size=8", "steps=3",
+                 "rollout.max_staleness=1", "max_new_tokens=6"]  # fmt: skip
+    run = make_run(tmp_path, overrides, "loglinear")
+    assert not run.preparer.recompute_old_logprobs  # the forward pass the approximation replaces
+    history = run.run()
+    assert all(math.isfinite(h["loss/policy"]) and h["policy/grad_norm"] > 0 for h in history)
+    # a loss without a proximal policy has nothing to approximate
+    with pytest.raises(ConfigError, match=r"algorithm\.proximal = .loglinear."):
+        load_rl_config(None, [*TINY, *SMALL, "algorithm=grpo", "algorithm.proximal=loglinear"])

@@ -26,7 +26,7 @@ SMALL += ["samples_per_prompt=4", "max_new_tokens=6", "learning_rate=1e-3", "log
 
 ALL_PRESETS = [
     "grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo", "gdpo",
-    "rloo", "remax", "reinforce", "reinforce_pp", "reinforce_pp_baseline", "ppo", "areal",
+    "rloo", "remax", "reinforce", "reinforce_pp", "reinforce_pp_baseline", "ppo", "areal", "one_step_off_policy",
 ]  # fmt: skip
 
 
@@ -97,6 +97,13 @@ def test_invalid_combinations_are_refused_naming_the_fields(overrides, fields):
         load_rl_config(None, [*TINY, *SMALL, *overrides])
     for field in fields:
         assert field in str(error.value)
+
+
+def test_one_step_off_policy_brings_max_staleness_1_which_the_config_may_override():
+    assert load_rl_config(None, [*TINY, *SMALL, "algorithm=one_step_off_policy"]).rollout.max_staleness == 1
+    override = ["algorithm=one_step_off_policy", "rollout.max_staleness=3"]
+    assert load_rl_config(None, [*TINY, *SMALL, *override]).rollout.max_staleness == 3
+    assert load_rl_config(None, [*TINY, *SMALL, "algorithm=grpo"]).rollout.max_staleness == 0
 
 
 def test_critic_loss_coef_other_than_1_is_refused_with_the_reason():
