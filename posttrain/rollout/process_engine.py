@@ -23,6 +23,7 @@ memory) is reported with its exit code.
 from __future__ import annotations
 
 import contextlib
+import signal
 import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -30,10 +31,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from posttrain.errors import PosttrainError
 from posttrain.rollout.types import Rollouts, SamplingParams
 
 
-class RolloutProcessError(RuntimeError):
+class RolloutProcessError(PosttrainError, RuntimeError):
     """The rollout process died or could not start; the message says how and what to do."""
 
 
@@ -119,6 +121,8 @@ def _serve(connection: Any, model: nn.Module, tokenizer: Any, kind: str, threads
     """The child's loop: build the engine on the shared model, answer calls until told to close."""
     from posttrain.rollout.engine import build_engine
 
+    # Ctrl-C reaches the whole process group: the parent stops the run and closes this process
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
     engine = build_engine(model, tokenizer, kind=kind, policy_version=version)
     while True:
