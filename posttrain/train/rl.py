@@ -36,7 +36,6 @@ from posttrain.algos import (
 )
 from posttrain.config import ConfigError, dump_config
 from posttrain.data import DataError
-from posttrain.data.lengths import context_limit
 from posttrain.data.section import check_enough_rows, load_rows
 from posttrain.envs import resolve_environment
 from posttrain.memory import return_free_memory
@@ -45,12 +44,9 @@ from posttrain.models.value import value_model_from_policy
 from posttrain.rewards import NamedReward, RewardSet
 from posttrain.rewards.registry import resolve_rewards
 from posttrain.rollout.engine import build_engine
-from posttrain.rollout.process_engine import ProcessEngine
 from posttrain.sources import RolloutSource
-from posttrain.sources.async_producer import AsyncProducer, rollout_copy
-from posttrain.sources.environment import EnvironmentSource
-from posttrain.sources.recorded import RecordingSource, ReplaySource, check_replay_folder
-from posttrain.sources.single_turn import SingleTurnSource
+from posttrain.sources.build import build_source
+from posttrain.sources.recorded import check_replay_folder
 from posttrain.telemetry import MetricsLogger, Progress, write_failure_report, write_report
 from posttrain.telemetry.metrics import check_report_to
 from posttrain.train.checkpoint import (
@@ -63,7 +59,7 @@ from posttrain.train.checkpoint import (
 from posttrain.train.rl_batch import RolloutBatch
 from posttrain.train.rl_checks import StepWarnings, preflight_rewards
 from posttrain.train.rl_config import RLRun
-from posttrain.train.rl_eval import HeldOutCompletions, logged_samples
+from posttrain.train.rl_eval import logged_samples
 from posttrain.train.rl_prepare import (
     BatchPreparer,
     build_kl_controller,
@@ -164,42 +160,9 @@ class OnlineRL:
 
     # ------------------------------------------------------------------ construction
     def _build_source(self, rows: Sequence[dict[str, Any]]) -> tuple[RolloutSource, Any]:
-        """Where the batches come from — the engine and rewards (single turn), an environment's
-        episodes, or a recording — and what evaluates the held-out rows."""
-        config, limit = self.config, context_limit(self.policy)
-        evaluation: Any = HeldOutCompletions(self.policy, self.tokenizer, self.rewards, config)
-        # asynchronous: the producer samples with its own copy of the policy, never the trained module
-        staleness, engine = config.rollout.max_staleness, self.engine
-        rollout_model = rollout_copy(self.policy) if staleness else self.policy
-        producer_threads = config.rollout.producer_threads or max(1, torch.get_num_threads() // 2)
-        if staleness:
-            engine = (
-                ProcessEngine(rollout_model, self.tokenizer, config.engine_kind, producer_threads)
-                if config.rollout.producer == "process"
-                else build_engine(rollout_model, self.tokenizer, kind=config.engine_kind)
-            )
-        if config.rollout.replay is not None:
-            source: RolloutSource = ReplaySource(config.rollout.replay)
-        elif config.env is not None:
-            args = (self.tokenizer, rows, self.rewards, limit, self.echo)
-            source = evaluation = EnvironmentSource(config, config.env, self.engine, *args)
-            if staleness:  # held-out episodes are played by the policy now, in the learner's thread
-                source = EnvironmentSource(config, config.env, engine, *args)
-        else:
-            source = SingleTurnSource(config, engine, self.tokenizer, rows, self.rewards, limit, self.echo)
-        if staleness:
-            source = AsyncProducer(
-                source,
-                rollout_model,
-                self.policy,
-                max_staleness=staleness,
-                steps=config.steps,
-                producer_threads=producer_threads,
-                engine=engine,
-            )
-        if config.record_rollouts:
-            source = RecordingSource(source, self.out / "rollouts")
-        return source, evaluation
+        """Where the batches come from and what evaluates the held-out rows (sources/build.py)."""
+        args = (self.engine, self.tokenizer, rows, self.rewards, self.out, self.echo)
+        return build_source(self.config, self.policy, *args)
 
     def _resolve_rewards(
         self, functions: Sequence[Callable[..., Any] | NamedReward] | None, task_reward: str | None

@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from posttrain.algos import (
     POLICY_LOSSES,
@@ -126,21 +126,14 @@ class PolicyUpdate:
         """The actor loss of one micro-batch (policy loss, KL, entropy), backpropagated; its metrics."""
         config, algo = self.config, self.algo
         logprobs, entropy = self.sequence_logprobs(self.policy, micro, with_entropy=True)
-        old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
-        options = dict(algo.loss_options)
-        if config.rollout.tis_cap is not None:  # π_old/π_engine: the engine sampled, not π_old
-            options["weights"] = truncated_is_weights(old, micro.engine_logprobs, config.rollout.tis_cap)
-        if self.decoupled and self.algo.proximal == "loglinear":  # AReaL's approximation, no forward pass
-            old = loglinear_proximal_logprobs(micro.engine_logprobs, logprobs.detach(), micro.policy_version, step - 1)
-        behaviour = {"old_logprobs": micro.engine_logprobs, "proximal_logprobs": old} if self.decoupled else {}
+        old, anchors = self._ratio_anchors(micro, logprobs.detach(), step)
         policy_loss, loss_metrics = POLICY_LOSSES[algo.policy_loss](
             logprobs=logprobs,
-            **{"old_logprobs": old, **behaviour},
             advantages=micro.advantages,
             response_mask=micro.loss_mask,
             agg_mode=algo.agg_mode,
             **aggregation,
-            **options,
+            **{**algo.loss_options, **anchors},
         )
         kl = None
         if micro.ref_logprobs is not None and algo.kl.placement == "loss":
@@ -186,6 +179,20 @@ class PolicyUpdate:
                     )
                 )
         return metrics
+
+    def _ratio_anchors(self, micro: RolloutBatch, current: Tensor, step: int) -> tuple[Tensor, dict[str, Tensor]]:
+        """(π_old, the policy loss's log-prob arguments): ``old_logprobs`` (and, for the decoupled
+        loss, ``proximal_logprobs``, with old_logprobs then the engine's, π_behav) and the
+        truncated importance weights of ``rollout.tis_cap``. ``current``: this forward, detached."""
+        old = micro.old_logprobs if micro.old_logprobs is not None else current
+        anchors: dict[str, Tensor] = {"old_logprobs": old}
+        if self.config.rollout.tis_cap is not None:  # π_old/π_engine: the engine sampled, not π_old
+            anchors["weights"] = truncated_is_weights(old, micro.engine_logprobs, self.config.rollout.tis_cap)
+        if self.decoupled:
+            if self.algo.proximal == "loglinear":  # AReaL's approximation, no forward pass
+                old = loglinear_proximal_logprobs(micro.engine_logprobs, current, micro.policy_version, step - 1)
+            anchors.update(old_logprobs=micro.engine_logprobs, proximal_logprobs=old)
+        return old, anchors
 
     def _optimizer_step(self, step: int) -> float:
         """Clip, step the policy (and critic) optimizers and the schedule; the policy's gradient norm."""
