@@ -1,9 +1,10 @@
 """Asynchronous RL: a producer thread samples and scores while the learner trains (seed 004, AReaL).
 
 ``rollout.max_staleness: η`` ≥ 1 wraps the run's source (single-turn or environment, built on a
-rollout engine over *its own copy* of the policy) in :class:`AsyncProducer`. The producer makes
-the batches in step order, each as soon as it is admitted, and the learner takes batch k when it
-needs it; sampling never waits for the update, the update waits only for a batch not made yet.
+rollout engine over *its own copy* of the policy, which by default decodes in a child process:
+``rollout/process_engine.py``; ``sources/build.py`` wires them) in :class:`AsyncProducer`. The
+producer makes the batches in step order, each as soon as it is admitted, and the learner takes
+batch k when it needs it; sampling never waits for the update, the update waits only for a batch not made yet.
 
 Admission (docs/algorithms.md §8.1, AReaL's rule): batch k (1-based; trained by the update that
 makes version k) may start once the learner has made version k − 1 − η, and it samples with
