@@ -122,11 +122,13 @@ def loglinear_proximal_logprobs(
         ℓ_prox ≈ ℓ_behav + α_i · (ℓ_θ − ℓ_behav)
 
     interpolating in log space between the behaviour policy (version ``behaviour_versions [B]``,
-    which sampled the tokens) and the policy being optimised, one version ahead of the proximal
-    one. Fresh data (v_behav = v_prox) gives α = 0, ℓ_prox = ℓ_behav. ``current_logprobs`` should
+    or ``[B, T]`` per token, which sampled the tokens) and the policy being optimised, one version
+    ahead of the proximal one. Fresh data (v_behav = v_prox) gives α = 0, ℓ_prox = ℓ_behav. ``current_logprobs`` should
     be detached. Source: AReaL docs, "Proximal Log-Probability Approximation" (prox_logp_method
     loglinear), 2025.
     """
     gap = (proximal_version - behaviour_versions).clamp(min=0).to(behaviour_logprobs.dtype)
-    alpha = (gap / (gap + 1.0)).unsqueeze(-1)
+    alpha = gap / (gap + 1.0)
+    if alpha.dim() == 1:  # one version per sample, else per token (interrupted generation, §8.2)
+        alpha = alpha.unsqueeze(-1)
     return behaviour_logprobs + alpha * (current_logprobs - behaviour_logprobs)

@@ -21,11 +21,14 @@ from posttrain.rollout.projections import unsupported_reason
 from posttrain.rollout.sampling import SamplingWorkspace, choose_tokens
 from posttrain.rollout.stops import StopStrings, stop_id_tensor
 from posttrain.rollout.types import Rollouts, SamplingParams
+from posttrain.rollout.weight_mailbox import WeightMailbox
 
 if TYPE_CHECKING:
     from posttrain.rollout.vllm_engine import VLLMEngine, VLLMOptions
 
 ENGINE_KINDS = ("auto", "native", "transformers", "vllm")
+# per decoding step: the output rows that ran, their tokens, log-probs, stop hits, the weights version
+Trace = tuple[list[Tensor], list[Tensor], list[Tensor], list["Tensor | None"], list[int]]
 TRIM_FROM_BYTES = 64 << 20  # a released batch this large is handed back to the system
 
 
@@ -75,11 +78,26 @@ class LocalEngine:
     The model is held by reference: colocated with the trainer, ``update_weights(version)``
     only refreshes what the decoder derived from the weights (the native decoder also notices
     by itself when an optimizer step has changed them).
+
+    With a ``mailbox`` (``rollout.interrupt``) a running ``generate`` switches to newer weights
+    posted there at a token boundary: it copies them into the model and encodes every running
+    row's prompt and tokens so far again under them — the KV cache of the old weights is
+    dropped, never reused — then decodes on (docs/algorithms.md §8.2). Its rollouts then carry
+    ``extras["token_versions"] [B, T]`` (the version that sampled each token) and, as
+    ``policy_version``, the version they started with (the oldest in them).
     """
 
-    def __init__(self, model: nn.Module, tokenizer: Any, decoder: Decoder, policy_version: int = 0) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        decoder: Decoder,
+        policy_version: int = 0,
+        mailbox: WeightMailbox | None = None,
+    ) -> None:
         self.model, self.tokenizer, self.decoder = model, tokenizer, decoder
         self.policy_version = policy_version
+        self.mailbox = mailbox
         self.pad_id: int = tokenizer.pad_token_id
         self.eos_id: int | None = tokenizer.eos_token_id
         if self.pad_id is None:
@@ -91,6 +109,13 @@ class LocalEngine:
             self.model.load_state_dict(state_dict)
         self.decoder.refresh()
         self.policy_version = version
+
+    def offer_weights(self, version: int, weights: Mapping[str, Tensor]) -> None:
+        """Offer newer weights (parameters by name) to a ``generate`` in flight or the next one:
+        taken at its next token boundary (``rollout.interrupt``; needs a mailbox)."""
+        if self.mailbox is None:
+            raise RuntimeError("this engine was built without a weight mailbox (build_engine(..., mailbox=...))")
+        self.mailbox.post(version, weights)
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> Rollouts:
         """Sample ``sampling.n`` responses per prompt (token ids, unpadded); B = len(prompts)·n rows."""
@@ -112,11 +137,9 @@ class LocalEngine:
         # built outside inference mode: the trainer multiplies these with tensors that need grad
         return self._assemble(prompt_ids, prompt_mask, sampling.n, *steps)
 
-    def _sample(
-        self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingParams
-    ) -> tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor | None]]:
+    def _sample(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingParams) -> Trace:
         """The decoding loop. Returns, per step, the batch rows that ran, their tokens,
-        log-probs and stop hits (None when nothing can stop a response)."""
+        log-probs, stop hits (None when nothing can stop a response) and the weights version."""
         device = next(self.model.parameters()).device
         batch = prompt_ids.shape[0] * sampling.n
         generator = None if sampling.seed is None else torch.Generator(device=device).manual_seed(sampling.seed)
@@ -126,9 +149,11 @@ class LocalEngine:
         banned = self.pad_id if self.pad_id != self.eos_id else None  # a sampled pad would read as padding
         rows = torch.arange(batch, device=device)  # the output row of each running row
         alive = torch.ones(batch, dtype=torch.bool, device=device)
-        trace: tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor | None]] = ([], [], [], [])
+        trace: Trace = ([], [], [], [], [])
         workspace = SamplingWorkspace()
 
+        if self.mailbox is not None:  # weights posted since the caller loaded its own
+            self._take_newer_weights()
         logits = self.decoder.prefill(
             prompt_ids.to(device), prompt_mask.to(device), sampling.max_new_tokens, repeats=sampling.n
         )
@@ -144,13 +169,8 @@ class LocalEngine:
                 generator=generator,
                 workspace=workspace,
             )
-            hit = None
-            if stop_ids is not None or strings is not None:
-                hit = torch.isin(tokens, stop_ids) if stop_ids is not None else torch.zeros_like(alive)
-                if strings is not None:
-                    hit |= strings.update(tokens, rows, alive)
-                hit &= alive
-            for column, value in zip(trace, (rows, tokens, logprobs, hit), strict=True):
+            hit = _stop_hits(tokens, rows, alive, stop_ids, strings)
+            for column, value in zip(trace, (rows, tokens, logprobs, hit, self.policy_version), strict=True):
                 column.append(value)
             if t == sampling.max_new_tokens - 1:
                 break
@@ -164,9 +184,36 @@ class LocalEngine:
                     keep = torch.nonzero(alive).flatten()
                     self.decoder.select(keep)
                     tokens, rows, alive = tokens[keep], rows[keep], alive[keep]
-            # a finished row that is still in the batch decodes on; its later tokens are masked
-            logits = self.decoder.decode(tokens)
+            if self.mailbox is not None and self._take_newer_weights():
+                logits = self._encode_again(prompt_ids, prompt_mask, sampling, trace, rows)
+            else:
+                # a finished row that is still in the batch decodes on; its later tokens are masked
+                logits = self.decoder.decode(tokens)
         return trace
+
+    def _take_newer_weights(self) -> bool:
+        """Adopt the mailbox's weights if they are newer than the ones sampling now."""
+        posted = self.mailbox.take_newer(self.policy_version, self.model)
+        if posted is None:
+            return False
+        self.decoder.refresh()
+        self.policy_version = posted
+        return True
+
+    def _encode_again(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingParams, trace: Trace, rows: Tensor
+    ) -> Tensor:
+        """Next-token logits of the running ``rows`` under the model's (new) weights: a prefill of
+        each row's prompt and the tokens it sampled so far (all rows have sampled as many), which
+        replaces the cache built with the old weights."""
+        steps, device = len(trace[1]), rows.device
+        generated = torch.empty((prompt_ids.shape[0] * sampling.n, steps), dtype=torch.long, device=device)
+        for step, (ran, tokens) in enumerate(zip(trace[0], trace[1], strict=True)):
+            generated[ran, step] = tokens
+        prompts = rows // sampling.n
+        ids = torch.cat([prompt_ids.to(device)[prompts], generated[rows]], dim=1)
+        mask = torch.cat([prompt_mask.to(device)[prompts], torch.ones_like(generated[rows])], dim=1)
+        return self.decoder.prefill(ids, mask, sampling.max_new_tokens - steps)
 
     def _assemble(
         self,
@@ -177,6 +224,7 @@ class LocalEngine:
         tokens: list[Tensor],
         logprobs: list[Tensor],
         hits: list[Tensor | None],
+        versions: list[int],
     ) -> Rollouts:
         """Scatter the per-step trace into ``[B, T]`` outputs, cut each row after its stop."""
         batch, steps = prompt_ids.shape[0] * n, len(tokens)
@@ -199,6 +247,9 @@ class LocalEngine:
         lengths = torch.where(stopped, stopped_at.int().argmax(-1) + 1, steps)
         width = int(lengths.max())
         mask = torch.arange(width) < lengths[:, None]
+        extras = {}
+        if self.mailbox is not None:  # every row ran every step it has, so a step's version is its token's
+            extras["token_versions"] = torch.tensor(versions[:width], dtype=torch.long).expand(batch, -1).clone()
         return Rollouts(
             prompt_ids=prompt_ids.repeat_interleave(n, 0),
             prompt_mask=prompt_mask.repeat_interleave(n, 0),
@@ -207,8 +258,22 @@ class LocalEngine:
             logprobs=out_logprobs[:, :width].masked_fill(~mask, 0.0),
             finish_reasons=["stop" if s else "length" for s in stopped.tolist()],
             group_ids=torch.arange(prompt_ids.shape[0]).repeat_interleave(n),
-            policy_version=torch.full((batch,), self.policy_version, dtype=torch.long),
+            policy_version=torch.full((batch,), versions[0], dtype=torch.long),
+            extras=extras,
         )
+
+
+def _stop_hits(
+    tokens: Tensor, rows: Tensor, alive: Tensor, stop_ids: Tensor | None, strings: StopStrings | None
+) -> Tensor | None:
+    """Which running rows' ``tokens`` end them (a stop id, or completing a stop string); None
+    when nothing can stop a response."""
+    if stop_ids is None and strings is None:
+        return None
+    hit = torch.isin(tokens, stop_ids) if stop_ids is not None else torch.zeros_like(alive)
+    if strings is not None:
+        hit |= strings.update(tokens, rows, alive)
+    return hit & alive
 
 
 def build_engine(
@@ -217,20 +282,24 @@ def build_engine(
     kind: str = "auto",
     policy_version: int = 0,
     vllm_options: VLLMOptions | None = None,
+    mailbox: WeightMailbox | None = None,
 ) -> LocalEngine | VLLMEngine:
     """A rollout engine for ``model``: ``native`` for Llama/Qwen2 weights, ``transformers`` for any
     causal LM, ``auto`` picks native when the model is supported (all three a :class:`LocalEngine`);
     ``vllm`` a :class:`~posttrain.rollout.vllm_engine.VLLMEngine` started with ``vllm_options``
-    (imported only then: vLLM is an optional extra)."""
+    (imported only then: vLLM is an optional extra). A ``mailbox`` makes a local engine's
+    generation interruptible by newer weights (:class:`LocalEngine`)."""
     if kind not in ENGINE_KINDS:
         raise ValueError(f"unknown rollout engine {kind!r}; valid: {', '.join(ENGINE_KINDS)}")
     if kind == "vllm":
         from posttrain.rollout.vllm_engine import VLLMEngine
 
+        if mailbox is not None:
+            raise ValueError("the vllm engine cannot switch weights during a generation (rollout.interrupt)")
         return VLLMEngine(model, tokenizer, vllm_options, policy_version)
     reason = unsupported_reason(model)
     if kind == "native" and reason is not None:
         raise ValueError(f"rollout engine 'native' cannot run this model: {reason}; use 'transformers' or 'auto'")
     use_native = kind == "native" or (kind == "auto" and reason is None)
     decoder: Decoder = NativeDecoder(model) if use_native else TransformersDecoder(model)
-    return LocalEngine(model, tokenizer, decoder, policy_version)
+    return LocalEngine(model, tokenizer, decoder, policy_version, mailbox)

@@ -16,6 +16,11 @@ them. The caller must not write the weights during a ``generate`` call (the prod
 version only between batches). Prompts, sampling parameters and the returned
 :class:`~posttrain.rollout.types.Rollouts` travel through a pipe.
 
+With ``interruptible`` parameter names (``rollout.interrupt``) the child's engine gets a
+:class:`~posttrain.rollout.weight_mailbox.SharedMailbox`: ``offer_weights`` stages a newer
+version of those parameters in shared memory from any thread of the parent, and the child takes
+it at its next token boundary, mid-``generate``.
+
 A child that raises hands the error back to the caller; a child that dies (killed, out of
 memory) is reported with its exit code.
 """
@@ -33,6 +38,7 @@ from torch import Tensor, nn
 
 from posttrain.errors import PosttrainError
 from posttrain.rollout.types import Rollouts, SamplingParams
+from posttrain.rollout.weight_mailbox import SharedMailbox
 
 
 class RolloutProcessError(PosttrainError, RuntimeError):
@@ -43,11 +49,17 @@ class ProcessEngine:
     """A :class:`~posttrain.rollout.types.RolloutEngine` whose decoding runs in a child process.
 
     ``model`` is moved to shared memory (its tensors are the child's); ``kind`` is the local
-    engine kind (``auto``, ``native``, ``transformers``); ``threads`` the child's torch threads.
-    The child starts at the first call, so a run that never samples starts none."""
+    engine kind (``auto``, ``native``, ``transformers``); ``threads`` the child's torch threads;
+    ``interruptible`` the parameters :meth:`offer_weights` may offer to a generation in flight
+    (none: generation is never interrupted). The child starts at the first call, so a run that
+    never samples starts none."""
 
-    def __init__(self, model: nn.Module, tokenizer: Any, kind: str = "auto", threads: int = 1) -> None:
+    def __init__(
+        self, model: nn.Module, tokenizer: Any, kind: str = "auto", threads: int = 1, interruptible: Sequence[str] = ()
+    ) -> None:
         self.model, self.tokenizer, self.kind, self.threads = model, tokenizer, kind, threads
+        params = dict(model.named_parameters())
+        self.mailbox = SharedMailbox({name: params[name] for name in interruptible}) if interruptible else None
         self.pad_id: int = tokenizer.pad_token_id
         self.eos_id: int | None = tokenizer.eos_token_id
         self.policy_version = 0
@@ -56,7 +68,16 @@ class ProcessEngine:
 
     # ------------------------------------------------------------------ the RolloutEngine protocol
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> Rollouts:
-        return self._call("generate", [list(prompt) for prompt in prompts], sampling)
+        rollouts = self._call("generate", [list(prompt) for prompt in prompts], sampling)
+        if "token_versions" in rollouts.extras:  # the child may have moved on to offered weights
+            self.policy_version = max(self.policy_version, int(rollouts.extras["token_versions"].max()))
+        return rollouts
+
+    def offer_weights(self, version: int, weights: Mapping[str, Tensor]) -> None:
+        """Stage newer weights for the child to take at its next token boundary (any thread)."""
+        if self.mailbox is None:
+            raise RuntimeError("this rollout process was started without interruptible parameters")
+        self.mailbox.post(version, weights)
 
     def update_weights(self, version: int, state_dict: Mapping[str, Tensor] | None = None) -> None:
         """Copy ``state_dict`` into the shared weights (if given), then let the child re-derive."""
@@ -84,7 +105,7 @@ class ProcessEngine:
         context = torch.multiprocessing.get_context("spawn")
         self.model.share_memory()
         parent, child = context.Pipe()
-        args = (child, self.model, self.tokenizer, self.kind, self.threads, self.policy_version)
+        args = (child, self.model, self.tokenizer, self.kind, self.threads, self.policy_version, self.mailbox)
         self.process = context.Process(target=_serve, args=args, name="posttrain-rollout", daemon=True)
         try:
             self.process.start()
@@ -117,14 +138,22 @@ class ProcessEngine:
         return value
 
 
-def _serve(connection: Any, model: nn.Module, tokenizer: Any, kind: str, threads: int, version: int) -> None:
+def _serve(
+    connection: Any,
+    model: nn.Module,
+    tokenizer: Any,
+    kind: str,
+    threads: int,
+    version: int,
+    mailbox: SharedMailbox | None,
+) -> None:
     """The child's loop: build the engine on the shared model, answer calls until told to close."""
     from posttrain.rollout.engine import build_engine
 
     # Ctrl-C reaches the whole process group: the parent stops the run and closes this process
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
-    engine = build_engine(model, tokenizer, kind=kind, policy_version=version)
+    engine = build_engine(model, tokenizer, kind=kind, policy_version=version, mailbox=mailbox)
     while True:
         try:
             command, args = connection.recv()

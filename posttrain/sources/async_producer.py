@@ -22,6 +22,14 @@ source's state; they were sampled with versions ≤ k, so nothing needs weights 
 not hold. A checkpoint of a synchronous run resumed with η ≥ 1 starts from its own weights (the
 versions before it are gone): the first η + 1 batches sample with the resumed version.
 
+Interruptible generation (``rollout.interrupt``, §8.2): the learner also offers each new version
+to the engine, which switches a generation in flight to it at the next token boundary (KV cache
+recomputed); each batch starts with the newest version held, at least the admitted one. Every
+token then carries the version that sampled it (``token_versions``) and a sample's
+``policy_version`` is its oldest, so the admission bound still holds. Which token switches depends
+on how the threads interleave: such a run does not repeat bit for bit, but a resume still does
+(the recorded batches are the same either way).
+
 Threads: the producer sets its own torch intra-op thread count (``rollout.producer_threads``,
 default half of the run's threads), the learner keeps the rest for the run; torch's setting is
 per thread. Errors in the producer (a broken reward function, an environment) are raised in the
@@ -76,6 +84,7 @@ class AsyncProducer:
         steps: int,
         producer_threads: int = 1,
         engine: Any = None,
+        interrupt: bool = False,
     ) -> None:
         if max_staleness < 1:
             raise ValueError(
@@ -83,6 +92,7 @@ class AsyncProducer:
             )
         self.inner, self.policy, self.engine = inner, policy, engine
         self.max_staleness, self.steps = max_staleness, steps
+        self.interrupt = interrupt  # offer every version to the engine (it must have offer_weights)
         self.producer_threads = producer_threads
         self.rollout_params = dict(rollout_model.named_parameters())
         self.condition = threading.Condition()
@@ -106,6 +116,8 @@ class AsyncProducer:
                 self._raise_producer_error(step)
             batch, metrics = self.ready.pop(step)
         metrics = {**metrics, **staleness_metrics(batch.policy_version, learner_version=step - 1)}
+        if batch.token_versions is not None:
+            metrics.update(token_version_metrics(batch.token_versions, batch.response_mask, learner_version=step - 1))
         metrics["time/learner_wait_s"] = time.perf_counter() - t0
         return batch, metrics
 
@@ -119,6 +131,8 @@ class AsyncProducer:
             if weights is not None:
                 self.snapshots[version] = weights
             self.condition.notify_all()
+        if self.interrupt and weights is not None:  # outside the lock: a process engine copies it
+            self.engine.offer_weights(version, weights)
 
     def state_dict(self) -> dict[str, Any]:
         """The inner source's state once every batch admissible before the next update is made,
@@ -177,12 +191,14 @@ class AsyncProducer:
                     step = self.next_step
                     if step > self.steps:
                         return
-                    version = max(step - 1 - self.max_staleness, self.first_version or 0)
+                    admitted = max(step - 1 - self.max_staleness, self.first_version or 0)
                     waited = time.perf_counter()
-                    self.condition.wait_for(lambda v=version: self.stopping or v in self.snapshots)
+                    self.condition.wait_for(lambda v=admitted: self.stopping or v in self.snapshots)
                     if self.stopping:
                         return
                     idle = time.perf_counter() - waited
+                    # interruptible: start with the newest weights at hand (the run is timing-dependent anyway)
+                    version = max(self.snapshots) if self.interrupt else admitted
                     weights = self.snapshots[version]
                     for older in [v for v in self.snapshots if v < version]:
                         del self.snapshots[older]
@@ -208,8 +224,11 @@ class AsyncProducer:
 
     # ------------------------------------------------------------------ helpers
     def _needed(self, version: int) -> bool:
-        """Whether some batch will sample with ``version`` (the last η + 1 updates make none)."""
-        return version + 1 + self.max_staleness <= self.steps or self.first_version is None
+        """Whether some batch will sample with ``version`` (the last η + 1 updates start none;
+        interruptible, a batch in flight may switch to any version before the last update)."""
+        if self.first_version is None:
+            return True
+        return version < self.steps if self.interrupt else version + 1 + self.max_staleness <= self.steps
 
     def _alive(self) -> bool:
         return self.thread is not None and self.thread.is_alive()
@@ -233,6 +252,23 @@ def staleness_metrics(versions: Tensor, learner_version: int) -> dict[str, float
     counts = torch.bincount(bins, minlength=STALENESS_BINS).float() / max(staleness.numel(), 1)
     metrics.update({f"async/staleness_{k}": float(counts[k]) for k in range(STALENESS_BINS)})
     return metrics
+
+
+def token_version_metrics(token_versions: Tensor, mask: Tensor, learner_version: int) -> dict[str, float]:
+    """With interruptible generation: ``async/versions_per_sample`` (distinct weight versions among
+    a sample's tokens, averaged), ``async/interrupted_fraction`` (samples with more than one) and
+    ``async/token_staleness_mean`` (learner version − the version that sampled, over tokens)."""
+    kept = mask.bool()
+    if not kept.any():
+        return {"async/versions_per_sample": 0.0, "async/interrupted_fraction": 0.0, "async/token_staleness_mean": 0.0}
+    counts = [len(set(row[row_kept].tolist())) for row, row_kept in zip(token_versions, kept, strict=True)]
+    versions = torch.tensor([c for c in counts if c > 0], dtype=torch.float32)
+    staleness = (learner_version - token_versions[kept]).clamp(min=0).float()
+    return {
+        "async/versions_per_sample": float(versions.mean()),
+        "async/interrupted_fraction": float((versions > 1).float().mean()),
+        "async/token_staleness_mean": float(staleness.mean()),
+    }
 
 
 def _batch_state(batch: RolloutBatch) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from posttrain.data.lengths import context_limit
 from posttrain.rewards import RewardSet
 from posttrain.rollout.engine import build_engine
 from posttrain.rollout.process_engine import ProcessEngine
+from posttrain.rollout.weight_mailbox import ThreadMailbox
 from posttrain.sources import RolloutSource
 from posttrain.sources.async_producer import AsyncProducer, rollout_copy
 from posttrain.sources.environment import EnvironmentSource
@@ -74,11 +75,13 @@ def asynchronous(
     rollout = config.rollout
     rollout_model = rollout_copy(policy)
     threads = rollout.producer_threads or max(1, torch.get_num_threads() // 2)
-    engine = (
-        ProcessEngine(rollout_model, tokenizer, config.engine_kind, threads)
-        if rollout.producer == "process"
-        else build_engine(rollout_model, tokenizer, kind=config.engine_kind)
-    )
+    # rollout.interrupt: the trained parameters may be offered to a generation in flight
+    offered = [name for name, p in policy.named_parameters() if p.requires_grad] if rollout.interrupt else []
+    if rollout.producer == "process":
+        engine: Any = ProcessEngine(rollout_model, tokenizer, config.engine_kind, threads, interruptible=offered)
+    else:
+        mailbox = ThreadMailbox() if offered else None
+        engine = build_engine(rollout_model, tokenizer, kind=config.engine_kind, mailbox=mailbox)
     return AsyncProducer(
         sampling_with(engine),
         rollout_model,
@@ -87,4 +90,5 @@ def asynchronous(
         steps=config.steps,
         producer_threads=threads,
         engine=engine,
+        interrupt=rollout.interrupt,
     )

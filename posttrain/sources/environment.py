@@ -51,7 +51,9 @@ class _Play:
     """One episode being played: its environment, its token state, the engine's log-probs of its
     sampled tokens (aligned with ``episode.ids``, 0 elsewhere) and its error, if any. With
     ``env.on_prefix_mismatch: new_sample`` an episode may be split: ``earlier`` holds its
-    finished samples (each an :class:`Episode` and its log-probs), ``episode`` the current one."""
+    finished samples (each an :class:`Episode` and its log-probs), ``episode`` the current one.
+    With an interruptible engine (``rollout.interrupt``) ``versions`` holds the weights version that
+    sampled each token (aligned like the log-probs; ``earlier_versions`` for the earlier samples)."""
 
     env: GuardedEnvironment
     episode: Episode
@@ -59,6 +61,8 @@ class _Play:
     logprobs: list[float] = field(default_factory=list)
     error: EpisodeError | None = None
     earlier: list[tuple[Episode, list[float]]] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    earlier_versions: list[list[int]] = field(default_factory=list)
 
     @property
     def active(self) -> bool:
@@ -90,8 +94,22 @@ class _Play:
         """The template rewrote history (``on_prefix_mismatch: new_sample``): the episode goes on
         as a new sample whose prompt is the template's rendering of the conversation so far."""
         self.earlier.append((self.episode, self.logprobs))
+        self.earlier_versions.append(self.versions)
         self.episode = self.episode.next_sample()
         self.logprobs = [0.0] * len(self.episode.ids)
+        self.versions = [self.versions[-1]] * len(self.episode.ids) if self.versions else []
+
+    @property
+    def sample_versions(self) -> list[list[int]]:
+        """Per sample (as :attr:`samples`), the version of each token; empty lists when not tracked."""
+        return [*self.earlier_versions, self.versions]
+
+    def track(self, versions: list[int], length: int) -> None:
+        """Append a turn's token ``versions``, then repeat the last for what follows up to ``length``
+        (the environment's tokens, never trained on)."""
+        self.versions.extend(versions)
+        if self.versions:
+            self.versions.extend([self.versions[-1]] * (length - len(self.versions)))
 
 
 class EnvironmentSource:
@@ -118,6 +136,8 @@ class EnvironmentSource:
         self.sampler = EpochSampler(len(self.rows), config.prompts_per_step, config.seed)
         self.lowest_score = math.inf
         self.version = 0
+        # an interruptible engine reports the version of every token (rollout.interrupt)
+        self.tracks_versions = getattr(engine, "mailbox", None) is not None
         self.last_result: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ the RolloutSource protocol
@@ -210,7 +230,10 @@ class EnvironmentSource:
                     self.tokenizer, first, self.limits, stop_token_ids=stop_ids,
                     on_prefix_mismatch=self.env.on_prefix_mismatch,
                 )  # fmt: skip
-                plays.append(_Play(env, episode, first, logprobs=[0.0] * len(episode.ids)))
+                play = _Play(env, episode, first, logprobs=[0.0] * len(episode.ids))
+                if self.tracks_versions:
+                    play.versions = [self.engine.policy_version] * len(episode.ids)
+                plays.append(play)
         return plays
 
     def _play(self, plays: list[_Play], step: int, greedy: bool = False) -> float:
@@ -234,12 +257,15 @@ class EnvironmentSource:
             rollouts = self.engine.generate([play.episode.ids for play in active], sampling)
             generate_s += time.perf_counter() - t0
             lengths = rollouts.response_lengths.tolist()
+            turn_versions = rollouts.extras.get("token_versions")
             stepping = []
             for i, (play, budget) in enumerate(zip(active, budgets, strict=True)):
                 # the first tokens of a longer generation are what a shorter one would have sampled
                 n = min(lengths[i], budget)
                 text = play.episode.add_turn(rollouts.response_ids[i, :n].tolist())
                 play.logprobs.extend(rollouts.logprobs[i, :n].tolist())
+                if turn_versions is not None and play.versions:
+                    play.track(turn_versions[i, :n].tolist(), len(play.episode.ids))
                 if not play.episode.finished:  # else no room is left in max_total_tokens for more
                     stepping.append((play, text))
             calls = [lambda play=play, text=text: play.env.astep(text) for play, text in stepping]
@@ -249,6 +275,7 @@ class EnvironmentSource:
                     continue
                 play.episode.add_result(result.observation, result.reward, result.done)
                 play.logprobs.extend([0.0] * (len(play.episode.ids) - len(play.logprobs)))
+                play.track([], len(play.episode.ids))
                 if play.episode.continues_as_new_sample:
                     play.continue_as_new_sample()
         return generate_s
@@ -261,6 +288,7 @@ class EnvironmentSource:
         gives each sample's episode."""
         pad = self.engine.pad_id
         samples = [sample for play in plays for sample in play.samples]
+        sample_versions = [versions for play in plays for versions in play.sample_versions]
         prompts = [episode.ids[: episode.prompt_length] for episode, _ in samples]
         responses = [episode.ids[episode.prompt_length :] for episode, _ in samples]
         width_p, width_t = max(len(p) for p in prompts), max(max(len(r) for r in responses), 1)
@@ -274,7 +302,10 @@ class EnvironmentSource:
             "engine_logprobs": torch.zeros(b, width_t),
             "turn_rewards": torch.zeros(b, width_t),
         }
-        for i, ((episode, logprobs), prompt, response) in enumerate(zip(samples, prompts, responses, strict=True)):
+        if self.tracks_versions:
+            batch_tensors["token_versions"] = torch.full((b, width_t), self.version, dtype=torch.long)
+        rows_of = zip(samples, prompts, responses, sample_versions, strict=True)
+        for i, ((episode, logprobs), prompt, response, versions) in enumerate(rows_of):
             start, n = episode.prompt_length, len(response)
             t = batch_tensors
             if prompt:
@@ -286,13 +317,15 @@ class EnvironmentSource:
                 t["response_attention"][i, :n] = 1
                 t["engine_logprobs"][i, :n] = torch.tensor(logprobs[start : start + n])
                 t["turn_rewards"][i, :n] = torch.tensor(episode.token_rewards()[start:])
+                if turn_versions := versions[start : start + n]:
+                    t["token_versions"][i, : len(turn_versions)] = torch.tensor(turn_versions)
         group = self.config.samples_per_prompt
         names = list(dict.fromkeys(k for row in rows for k in row if k not in RESERVED_COLUMNS))
         return RolloutBatch(
             **batch_tensors,
             group_ids=torch.tensor(owners) // group,
             truncated=torch.tensor([episode.truncated for episode, _ in samples], dtype=torch.bool),
-            policy_version=torch.full((b,), self.version, dtype=torch.long),
+            policy_version=_oldest_versions(batch_tensors, self.version),
             prompts=[plays[i].first_observation for i in owners],
             completions=[_conversation(plays[i]) for i in owners],
             columns=_row_columns(rows, names, owners, group),
@@ -339,6 +372,17 @@ def _row_columns(
 ) -> dict[str, list[Any]]:
     """The dataset columns ``names`` for each of ``episodes`` (episode i plays row i // group)."""
     return {key: [rows[i // group].get(key) for i in episodes] for key in names}
+
+
+def _oldest_versions(tensors: dict[str, torch.Tensor], version: int) -> torch.Tensor:
+    """Each sample's policy version: the oldest that sampled one of its tokens when versions are
+    tracked per token (rollout.interrupt), else ``version`` (the weights the batch started with)."""
+    b = tensors["response_ids"].shape[0]
+    if "token_versions" not in tensors:
+        return torch.full((b,), version, dtype=torch.long)
+    sampled = tensors["response_mask"].bool()
+    oldest = tensors["token_versions"].masked_fill(~sampled, torch.iinfo(torch.long).max).amin(-1)
+    return torch.where(sampled.any(-1), oldest, version) if b else oldest
 
 
 def _conversation(play: _Play) -> list[dict[str, Any]]:

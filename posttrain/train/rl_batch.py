@@ -33,7 +33,7 @@ class RolloutBatch:
     engine_logprobs: Tensor  # [B, T] float32, log-probs the sampler reported
     group_ids: Tensor  # [B] long, samples of one prompt share an id (unique within a step)
     truncated: Tensor  # [B] bool, cut by max_new_tokens
-    policy_version: Tensor  # [B] long
+    policy_version: Tensor  # [B] long, the (oldest) weights version that sampled the sample
     prompts: list[Any]  # [B] prompt text (or chat messages) per sample
     completions: list[str]  # [B] decoded completions
     columns: dict[str, list[Any]]  # other dataset columns, per sample
@@ -51,6 +51,8 @@ class RolloutBatch:
     # policy's turns sit in the response with response_mask 0 but are attended to
     response_attention: Tensor | None = None  # [B, T] long, 1 on every real response token; None: response_mask
     turn_rewards: Tensor | None = None  # [B, T] rewards the source placed on tokens (a turn's on its last token)
+    # rollout.interrupt: generation switched weights mid-sample; the version that sampled each token
+    token_versions: Tensor | None = None  # [B, T] long
     extras: dict[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -137,6 +139,7 @@ def from_rollouts(
         group_ids=rollouts.group_ids + group_offset,
         truncated=rollouts.truncated,
         policy_version=rollouts.policy_version,
+        token_versions=rollouts.extras.get("token_versions"),
         prompts=[row[prompt_column] for row in rows for _ in range(n)],
         completions=completions,
         columns=columns,

@@ -31,6 +31,12 @@ def _async_problems(config: RLRun) -> list[str]:
     """What the asynchronous producer (``sources/async_producer.py``) cannot overlap."""
     rollout, problems = config.rollout, []
     if rollout.max_staleness == 0:
+        if rollout.interrupt:
+            return [
+                "rollout.interrupt switches a generation in flight to weights the learner made meanwhile; the "
+                "synchronous loop (rollout.max_staleness: 0) never trains while it samples: set max_staleness >= 1 "
+                "or interrupt: false"
+            ]
         return []
     if rollout.replay is not None:
         problems.append(

@@ -208,6 +208,12 @@ class RolloutSection(Section):
     producer_threads: int | None = Field(None, ge=1)
     """With max_staleness ≥ 1: torch threads of the producer (default: half of the run's
     threads, at least 1); the learner keeps the rest (at least 1)."""
+    interrupt: bool = False
+    """With max_staleness ≥ 1: a generation in flight switches to each new version of the
+    weights at the next token (its KV cache computed again, never reused; docs/algorithms.md
+    §8.2), and each batch starts with the newest weights at hand. Every token records the version
+    that sampled it; a sample's age is that of its oldest token. Less stale data, but which token
+    switches depends on timing, so a run does not repeat bit for bit (a resume still does)."""
 
 
 class RLRun(Section):

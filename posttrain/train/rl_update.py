@@ -190,7 +190,8 @@ class PolicyUpdate:
             anchors["weights"] = truncated_is_weights(old, micro.engine_logprobs, self.config.rollout.tis_cap)
         if self.decoupled:
             if self.algo.proximal == "loglinear":  # AReaL's approximation, no forward pass
-                old = loglinear_proximal_logprobs(micro.engine_logprobs, current, micro.policy_version, step - 1)
+                versions = micro.policy_version if micro.token_versions is None else micro.token_versions
+                old = loglinear_proximal_logprobs(micro.engine_logprobs, current, versions, step - 1)
             anchors.update(old_logprobs=micro.engine_logprobs, proximal_logprobs=old)
         return old, anchors
 
