@@ -16,6 +16,9 @@ Reported per η, as ratios against η = 0:
   reaches ``--target`` (default: the synchronous run's final accuracy minus one point);
 * the final held-out accuracy and the mean staleness of the samples trained on.
 
+With ``--interrupt`` every η ≥ 1 runs twice, the second time with ``rollout.interrupt`` (batches
+in flight switch to the learner's new weights mid-generation), shown as "η+i".
+
 While an evaluation runs the producer may go on making up to η + 1 batches, which the next steps
 then find ready: with many evaluations this favours async a little; ``--eval-every`` sets how often.
 
@@ -49,6 +52,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--sft-max-steps", type=int, default=400)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every core)")
+    parser.add_argument("--interrupt", action="store_true", help="also run each eta >= 1 with rollout.interrupt")
     parser.add_argument("--target", type=float, default=None, help="held-out accuracy to reach (0-1)")
     parser.add_argument("--output-dir", default="runs/bench_async")
     return parser.parse_args()
@@ -79,10 +83,14 @@ def main() -> int:
     print(f"[bench] SFT: {sft['steps']} steps, validation exact match {100 * sft['validation_accuracy']:.1f}%")
 
     results = []
-    for eta in args.etas:
+    runs = [(eta, False) for eta in args.etas]
+    runs += [(eta, True) for eta in args.etas if eta >= 1 and args.interrupt]
+    for eta, interrupt in runs:
+        label = f"{eta}+i" if interrupt else str(eta)
         torch.set_num_threads(threads)
         policy = copy.deepcopy(model)  # every run starts from the same SFT weights
-        rl_config = _rl_config(replace(config, max_staleness=eta), out / f"rl-eta{eta}")
+        variant = replace(config, max_staleness=eta, interrupt=interrupt)
+        rl_config = _rl_config(variant, out / f"rl-eta{eta}{'-interrupt' if interrupt else ''}")
         run = OnlineRL(
             rl_config,
             model=policy,
@@ -101,23 +109,26 @@ def main() -> int:
             if "eval/accuracy" in record:
                 curve.append((record["step"], elapsed, record["eval/accuracy"]))
         staleness = [h.get("async/staleness_mean", 0.0) for h in history]
+        # per token (interrupted batches mix versions; a sample's own staleness is its oldest token's)
+        token_staleness = [h.get("async/token_staleness_mean", h.get("async/staleness_mean", 0.0)) for h in history]
         results.append(
             {
-                "eta": eta,
+                "eta": label,
                 "train_s": elapsed,
                 "run_s": total,
                 "curve": curve,
                 "final_accuracy": curve[-1][2] if curve else float("nan"),
                 "staleness_mean": sum(staleness) / len(staleness),
+                "token_staleness_mean": sum(token_staleness) / len(token_staleness),
                 "learner_wait_s": sum(h.get("time/learner_wait_s", 0.0) for h in history),
             }
         )
         print(
-            f"[bench] eta {eta}: {elapsed:.1f} s of steps ({total:.1f} s with evaluations), held-out "
+            f"[bench] eta {label}: {elapsed:.1f} s of steps ({total:.1f} s with evaluations), held-out "
             f"{100 * results[-1]['final_accuracy']:.1f}%, curve {[(s, round(100 * a, 1)) for s, _, a in curve]}"
         )
 
-    baseline = next((r for r in results if r["eta"] == 0), results[0])
+    baseline = next((r for r in results if r["eta"] == "0"), results[0])
     target = args.target if args.target is not None else baseline["final_accuracy"] - 0.01
     for result in results:
         reached = next((t for _, t, accuracy in result["curve"] if accuracy >= target), None)
@@ -128,8 +139,11 @@ def main() -> int:
         f"(eta >= 1: producer {producer}, learner {max(1, threads - producer)}); target held-out accuracy "
         f"{100 * target:.1f}%"
     )
-    print("| eta | steps s | x sync | s to target | x sync | final held-out | mean staleness | learner waited s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| eta | steps s | x sync | s to target | x sync | final held-out | mean staleness (samples) "
+        "| (tokens) | learner waited s |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         speed = baseline["train_s"] / r["train_s"]
         to_target = r["time_to_target_s"]
@@ -138,7 +152,8 @@ def main() -> int:
         ratio = f"{base_target / to_target:.2f}" if to_target and base_target else "-"
         print(
             f"| {r['eta']} | {r['train_s']:.1f} | {speed:.2f} | {target_text} | {ratio} | "
-            f"{100 * r['final_accuracy']:.1f}% | {r['staleness_mean']:.2f} | {r['learner_wait_s']:.1f} |"
+            f"{100 * r['final_accuracy']:.1f}% | {r['staleness_mean']:.2f} | {r['token_staleness_mean']:.2f} | "
+            f"{r['learner_wait_s']:.1f} |"
         )
     (out / "async_vs_sync.json").write_text(json.dumps({"target": target, "results": results}, indent=2) + "\n")
     return 0

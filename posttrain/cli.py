@@ -112,8 +112,11 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from posttrain.config import ConfigError
     from posttrain.demo import DemoConfig, run_demo
 
+    if args.interrupt and args.max_staleness < 1:  # before any stage runs
+        raise ConfigError("--interrupt switches generations in flight to newer weights: it needs --max-staleness >= 1")
     run_demo(
         DemoConfig(
             seed=args.seed,
@@ -123,6 +126,7 @@ def _demo(args: argparse.Namespace) -> int:
             baseline=not args.no_baseline,
             threads=args.threads,
             max_staleness=args.max_staleness,
+            interrupt=args.interrupt,
         )
     )
     return 0
@@ -251,6 +255,11 @@ def _add_demo(commands: Any, debug: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="asynchronous RL: sample up to this many policy versions ahead of the learner (0: synchronous)",
+    )
+    demo.add_argument(
+        "--interrupt",
+        action="store_true",
+        help="with --max-staleness: generations in flight switch to the learner's new weights mid-way",
     )
     demo.set_defaults(handler=_demo)
 

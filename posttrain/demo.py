@@ -89,6 +89,9 @@ class DemoConfig:
     max_staleness: int = 0
     """The RL stage's rollout.max_staleness: 0 synchronous; η ≥ 1 samples the next batches in a
     producer thread while the learner trains (seed 004, sources/async_producer.py)."""
+    interrupt: bool = False
+    """The RL stage's rollout.interrupt (with max_staleness ≥ 1): batches in flight switch to the
+    learner's new weights at a token boundary."""
     baseline: bool = True
     """Also run the continued-SFT baseline for the RL stage's training time."""
     threads: int | None = None
@@ -212,7 +215,7 @@ def _rl_config(config: DemoConfig, out: Path) -> RLRun:
             "lr_scheduler": config.rl_scheduler,
             "eval_every": config.eval_every,
             "eval_size": config.n_test,
-            "rollout": {"max_staleness": config.max_staleness},
+            "rollout": {"max_staleness": config.max_staleness, "interrupt": config.interrupt},
             "seed": config.seed,
             "output_dir": str(out),
             "overwrite": True,  # the demo redoes its own stages when run again

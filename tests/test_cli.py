@@ -38,9 +38,16 @@ def test_no_command_prints_help_and_fails():
 def test_demo_flag_defaults_match_demo_config():
     args = build_parser().parse_args(["demo"])
     defaults = {f.name: f.default for f in dataclasses.fields(DemoConfig)}
-    for name in ("seed", "output_dir", "rl_steps", "sft_max_steps", "threads"):
+    for name in ("seed", "output_dir", "rl_steps", "sft_max_steps", "threads", "max_staleness", "interrupt"):
         assert getattr(args, name) == defaults[name], name
     assert args.no_baseline is (not defaults["baseline"])
+
+
+def test_demo_interrupt_without_staleness_is_refused_before_any_stage(tmp_path):
+    result = run_cli("demo", "--interrupt", "--output-dir", "out", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--interrupt" in result.stderr and "--max-staleness >= 1" in result.stderr
+    assert not (tmp_path / "out").exists()  # no stage ran
 
 
 @pytest.mark.slow
