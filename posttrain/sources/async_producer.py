@@ -193,11 +193,12 @@ class AsyncProducer:
                         return
                     admitted = max(step - 1 - self.max_staleness, self.first_version or 0)
                     waited = time.perf_counter()
-                    self.condition.wait_for(lambda v=admitted: self.stopping or v in self.snapshots)
+                    self.condition.wait_for(lambda v=admitted: self.stopping or self._held(v))
                     if self.stopping:
                         return
                     idle = time.perf_counter() - waited
-                    # interruptible: start with the newest weights at hand (the run is timing-dependent anyway)
+                    # interruptible: start with the newest weights at hand (the run is timing-dependent
+                    # anyway); the admitted version itself may be gone, dropped by an earlier batch
                     version = max(self.snapshots) if self.interrupt else admitted
                     weights = self.snapshots[version]
                     for older in [v for v in self.snapshots if v < version]:
@@ -229,6 +230,12 @@ class AsyncProducer:
         if self.first_version is None:
             return True
         return version < self.steps if self.interrupt else version + 1 + self.max_staleness <= self.steps
+
+    def _held(self, admitted: int) -> bool:
+        """Whether batch weights are at hand: the admitted version, or (interruptible) any newer one."""
+        if self.interrupt:
+            return any(version >= admitted for version in self.snapshots)
+        return admitted in self.snapshots
 
     def _alive(self) -> bool:
         return self.thread is not None and self.thread.is_alive()

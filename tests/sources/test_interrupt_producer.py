@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import shutil
 import threading
+import time
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from posttrain.sources.recorded import read_batch
 from posttrain.train.checkpoint import checkpoint_root
 from posttrain.train.rl import OnlineRL
 from posttrain.train.rl_config import load_rl_config
-from tests.sources.test_async_producer import NO_KL, SMALL, TINY, deterministic, make_run
+from tests.sources.test_async_producer import NO_KL, SMALL, TINY, deterministic, make_run, vowel_share
 
 
 def check_contained(batch, step: int, eta: int) -> bool:
@@ -114,6 +115,35 @@ def test_the_rollout_process_switches_and_the_bound_holds(tmp_path):
         check_contained(batch, step, eta=2)
         assert "async/versions_per_sample" in history[step - 1]
     assert history[-1]["policy/grad_norm"] > 0
+
+
+def slow_vowel_share(prompts, completions, completion_ids, **columns):
+    """vowel_share, slowed so that the producer is the bottleneck: the learner trains each batch
+    as soon as it is made, so newer versions than the admitted one are held when a batch starts."""
+    time.sleep(0.3)
+    return vowel_share(prompts, completions, completion_ids)
+
+
+slow_vowel_share.__name__ = "vowel_share"
+
+
+def test_a_producer_behind_the_learner_starts_each_batch_with_the_newest_weights(tmp_path):
+    # regression: with η ≥ 2 a batch that started with the newest version dropped the older ones,
+    # and the next batch then waited forever for its admitted version
+    overrides = [*NO_KL, "steps=7", "max_new_tokens=6", "record_rollouts=true", "rollout.max_staleness=3",
+                 "rollout.interrupt=true", "rollout.producer=thread"]  # fmt: skip
+    run = make_run(tmp_path, overrides, "behind", rewards=(slow_vowel_share,))
+    finished: list = []
+    worker = threading.Thread(target=lambda: finished.append(run.run()), daemon=True)
+    worker.start()
+    worker.join(timeout=120)
+    if worker.is_alive():
+        run.source.inner.close()
+        pytest.fail("the run stopped making progress (a batch waited for weights that were dropped)")
+    assert [h["step"] for h in finished[0]] == list(range(1, 8))
+    for step in range(1, 8):
+        batch, _ = read_batch(tmp_path / "behind" / "rollouts", step)
+        check_contained(batch, step, eta=3)
 
 
 def test_environment_episodes_record_a_version_per_token(tmp_path):
