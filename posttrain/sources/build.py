@@ -14,7 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from posttrain.config import ConfigError
 from posttrain.data.lengths import context_limit
+from posttrain.devices import model_device
 from posttrain.rewards import RewardSet
 from posttrain.rollout.engine import build_engine
 from posttrain.rollout.process_engine import ProcessEngine
@@ -66,6 +68,20 @@ def build_source(
     return source, evaluation
 
 
+def producer_kind(config: RLRun, device: torch.device) -> str:
+    """``rollout.producer`` resolved for ``device`` ("auto": a process on the CPU, else a thread);
+    a process on another device is refused (its weights are shared through CPU memory)."""
+    kind = config.rollout.producer
+    if kind == "auto":
+        return "process" if device.type == "cpu" else "thread"
+    if kind == "process" and device.type != "cpu" and config.rollout.max_staleness:
+        raise ConfigError(
+            f"rollout.producer = 'process' shares the policy's weights through CPU shared memory; the run is on "
+            f"{device}: set rollout.producer: thread (or auto)"
+        )
+    return kind
+
+
 def asynchronous(
     config: RLRun, policy: nn.Module, tokenizer: Any, sampling_with: Callable[[Any], RolloutSource]
 ) -> AsyncProducer:
@@ -77,7 +93,7 @@ def asynchronous(
     threads = rollout.producer_threads or max(1, torch.get_num_threads() // 2)
     # rollout.interrupt: the trained parameters may be offered to a generation in flight
     offered = [name for name, p in policy.named_parameters() if p.requires_grad] if rollout.interrupt else []
-    if rollout.producer == "process":
+    if producer_kind(config, model_device(policy)) == "process":
         engine: Any = ProcessEngine(rollout_model, tokenizer, config.engine_kind, threads, interruptible=offered)
     else:
         mailbox = ThreadMailbox() if offered else None

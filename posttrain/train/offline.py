@@ -20,6 +20,7 @@ from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from posttrain.config import Beta, Section
+from posttrain.devices import DeviceName, Precision, compute_precision, model_device, precision_problem
 from posttrain.errors import TrainingDiverged  # re-exported: raised here, caught by callers
 from posttrain.memory import return_free_memory
 from posttrain.telemetry import MetricsLogger, Progress, write_failure_report, write_report
@@ -62,6 +63,12 @@ class LoopConfig(Section):
     """Clip the global gradient norm to this; null turns clipping off."""
     seed: int = Field(0, ge=0)
     """Seeds the data order, the initial weights of models built here, and sampling."""
+    device: DeviceName = "auto"
+    """Where the model computes: auto (the first CUDA GPU when one is visible, else the CPU), cpu,
+    cuda, cuda:N or mps."""
+    precision: Precision = "fp32"
+    """fp32, or bf16: forward passes under bfloat16 autocast over float32 master weights and
+    optimizer state, losses in float32 (needs model.dtype: float32)."""
     output_dir: str = "runs/train"
     """Run directory: config.yaml, metrics.jsonl, checkpoints/, final/, report.html."""
     save_every: int = Field(0, ge=0)
@@ -93,6 +100,14 @@ class LoopConfig(Section):
                 f"batch_size ({self.batch_size}) must be a multiple of gradient_accumulation "
                 f"({self.gradient_accumulation})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _precision_fits_the_weights(self) -> LoopConfig:
+        model = getattr(self, "model", None)  # every command's config has one
+        problem = precision_problem(self.precision, model.dtype) if model is not None else None
+        if problem:
+            raise ValueError(problem)
         return self
 
 
@@ -299,8 +314,11 @@ def _train_step(
     step_units = sum(objective.units(chunk) for chunk in chunks)
     optimizer.zero_grad(set_to_none=True)
     totals: dict[str, float] = {objective.loss_name: 0.0}
+    device = model_device(objective.model)
     for chunk in chunks:
-        loss, metrics = objective.loss(chunk, step_units)
+        with compute_precision(config.precision, device):  # bf16: the forward passes; the loss stays float32
+            loss, metrics = objective.loss(chunk, step_units)
+        loss = loss.float()
         if not torch.isfinite(loss):
             raise TrainingDiverged(
                 f"step {step}: the loss is {loss.item()}; the last complete checkpoint is kept. "

@@ -20,6 +20,7 @@ from posttrain.data.section import (  # re-exported: the config sections' histor
     encode_rows,
     load_rows,
 )
+from posttrain.devices import resolve_device
 from posttrain.models.section import (  # re-exported, as above
     LoraSection,
     ModelSection,
@@ -158,6 +159,7 @@ def run_sft(config: SFTRun) -> list[dict[str, float]]:
     from posttrain.rewards import resolve_reward
     from posttrain.train.sft import SFTObjective
 
+    device = resolve_device(config.device)
     check_run_dir(config)
     check_model_source(config.model)
     train_rows, held_out, reward_name = load_rows(config.data, config.seed, ("prompt_completion", "conversational"))
@@ -166,6 +168,7 @@ def run_sft(config: SFTRun) -> list[dict[str, float]]:
 
     torch.manual_seed(config.seed)
     model, tokenizer = build_model_and_tokenizer(config.model, config.seed)
+    model = model.to(device)
     objective = SFTObjective(model, tokenizer, packing=config.packing)
     examples = encode_within_context(objective, train_rows, config.data, max_length=config.max_length)
     if config.packing:
@@ -224,6 +227,7 @@ def run_reward_model(config: RewardModelRun) -> list[dict[str, float]]:
     from posttrain.models.reward import reward_model_from_policy
     from posttrain.train.preference import RewardModelObjective
 
+    device = resolve_device(config.device)
     check_run_dir(config)
     check_model_source(config.model)
     train_rows, held_out, _ = load_rows(config.data, config.seed, ("preference",))
@@ -232,7 +236,7 @@ def run_reward_model(config: RewardModelRun) -> list[dict[str, float]]:
     torch.manual_seed(config.seed)
     # the adapters go on the scorer (its head then trains in full), not on the policy it copies
     policy, tokenizer = build_model_and_tokenizer(config.model.model_copy(update={"lora": None}), config.seed)
-    scorer = with_lora(reward_model_from_policy(policy, tokenizer.pad_token_id), config.model)
+    scorer = with_lora(reward_model_from_policy(policy, tokenizer.pad_token_id), config.model).to(device)
     del policy
     objective = RewardModelObjective(scorer, tokenizer, center_coef=config.center_coef)
     held_examples = encode_within_context(objective, held_out, config.data, held_out=True)
@@ -256,6 +260,7 @@ def run_reward_model(config: RewardModelRun) -> list[dict[str, float]]:
 def run_dpo(config: DPORun) -> list[dict[str, float]]:
     from posttrain.train.preference import DPOObjective
 
+    device = resolve_device(config.device)
     check_run_dir(config)
     check_model_source(config.model)
     train_rows, held_out, _ = load_rows(config.data, config.seed, ("preference",))
@@ -263,6 +268,7 @@ def run_dpo(config: DPORun) -> list[dict[str, float]]:
 
     torch.manual_seed(config.seed)
     model, tokenizer = build_model_and_tokenizer(config.model, config.seed)
+    model = model.to(device)  # before the reference copies it
     reference_context = None
     if config.model.lora is not None:
         from posttrain.models.lora import reference_policy

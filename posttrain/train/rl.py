@@ -37,6 +37,7 @@ from posttrain.algos import (
 from posttrain.config import ConfigError, dump_config
 from posttrain.data import DataError
 from posttrain.data.section import check_enough_rows, load_rows
+from posttrain.devices import resolve_device
 from posttrain.envs import resolve_environment
 from posttrain.memory import return_free_memory
 from posttrain.models.section import build_model_and_tokenizer, check_model_source
@@ -45,7 +46,7 @@ from posttrain.rewards import NamedReward, RewardSet
 from posttrain.rewards.registry import resolve_rewards
 from posttrain.rollout.engine import build_engine
 from posttrain.sources import RolloutSource
-from posttrain.sources.build import build_source
+from posttrain.sources.build import build_source, producer_kind
 from posttrain.sources.recorded import check_replay_folder
 from posttrain.telemetry import MetricsLogger, Progress, write_failure_report, write_report
 from posttrain.telemetry.metrics import check_report_to
@@ -115,7 +116,8 @@ class OnlineRL:
         torch.manual_seed(config.seed)  # the policy's initial weights do not depend on the rewards built
         if model is None:
             model, tokenizer = build_model_and_tokenizer(config.model, config.seed)
-        self.policy, self.tokenizer = model, tokenizer
+        # every model of the run is made from the policy, on its device (devices.py)
+        self.policy, self.tokenizer = model.to(resolve_device(config.device)), tokenizer
         self.policy.train()
         self.out = Path(config.output_dir)
 
@@ -351,7 +353,8 @@ class OnlineRL:
 def _check_before_loading(config: RLRun, *, model_given: bool) -> None:
     """What a user can get wrong and can be checked before the policy loads (the data and the
     rewards follow, still before it): the run folder and resume point (run_dir.py), the metric
-    sinks, the model folder, a recording to replay."""
+    sinks, the device, the model folder, a recording to replay."""
+    producer_kind(config, resolve_device(config.device))
     start_point(config.output_dir, config.resume, config.overwrite, dump_config(config))
     check_report_to(config.report_to)
     if not model_given:

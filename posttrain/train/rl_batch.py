@@ -78,6 +78,17 @@ class RolloutBatch:
         lengths = self.response_mask.sum(-1).long().tolist()
         return [row[:n] for row, n in zip(self.response_ids.tolist(), lengths, strict=True)]
 
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """The same batch with every tensor field on ``device`` (itself when they all are)."""
+        tensors = {
+            item.name: value
+            for item in dataclasses.fields(self)
+            if isinstance(value := getattr(self, item.name), Tensor) and value.device != torch.device(device)
+        }
+        if not tensors:
+            return self
+        return dataclasses.replace(self, **{name: value.to(device) for name, value in tensors.items()})
+
     def select(self, index: Tensor | Sequence[int]) -> RolloutBatch:
         """The samples at ``index`` (a ``[B']`` long tensor or list), every field cut alike."""
         index = torch.as_tensor(index, dtype=torch.long)

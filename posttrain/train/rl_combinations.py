@@ -12,6 +12,7 @@ from pydantic import PydanticSchemaGenerationError, TypeAdapter, ValidationError
 
 from posttrain.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 from posttrain.algos.registry import EstimatorNeeds
+from posttrain.devices import precision_problem
 
 if TYPE_CHECKING:
     from posttrain.train.rl_config import AlgorithmSection, KLSection, RLRun
@@ -22,6 +23,8 @@ def combination_problems(config: RLRun) -> list[str]:
     problems = [*_estimator_problems(config), *_kl_problems(config.algorithm.kl), *_batch_problems(config)]
     problems += _loss_problems(config) + _option_problems(config.algorithm) + _reward_problems(config)
     problems += _env_problems(config) + _async_problems(config)
+    if problem := precision_problem(config.precision, config.model.dtype):
+        problems.append(problem)
     if config.model.lora is not None and config.algorithm.critic is not None:
         problems.append("model.lora with algorithm.critic is not supported yet: train the critic in full")
     return problems

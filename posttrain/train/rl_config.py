@@ -42,6 +42,7 @@ from posttrain.config import (
     validate_config,
 )
 from posttrain.data.section import DataSection
+from posttrain.devices import DeviceName, Precision
 from posttrain.envs.section import EnvSection
 from posttrain.models.section import ModelSection
 from posttrain.rollout.vllm_engine import VLLMOptions
@@ -200,11 +201,12 @@ class RolloutSection(Section):
     repeats exactly (also across a resume). Policy losses anchor on the engine's log-probs (the
     policy that sampled); the decoupled loss (algorithm: areal) clips around the policy at the
     start of the step instead. Holds up to η + 1 copies of the trained weights."""
-    producer: Literal["process", "thread"] = "process"
+    producer: Literal["auto", "process", "thread"] = "auto"
     """With max_staleness ≥ 1, where the producer's engine decodes: "process", a child process
-    sharing the copy's weights in memory (Python's interpreter lock is not shared with the
-    learner: the faster choice measured here); "thread", in the producer thread of this process
-    (no process start-up; for models that cannot be handed to another process)."""
+    sharing the copy's weights in CPU shared memory (Python's interpreter lock is not shared with
+    the learner: the faster choice measured on a CPU); "thread", in the producer thread of this
+    process (no process start-up; for models that cannot be handed to another process); "auto",
+    process on the CPU and thread on a GPU (whose kernels do not hold the interpreter lock)."""
     producer_threads: int | None = Field(None, ge=1)
     """With max_staleness ≥ 1: torch threads of the producer (default: half of the run's
     threads, at least 1); the learner keeps the rest (at least 1)."""
@@ -312,6 +314,13 @@ class RLRun(Section):
     """Seeds prompt order, sampling and models built here; the same seed repeats a run."""
     threads: int | None = Field(None, ge=1)
     """torch intra-op threads (default: every core this process may use)."""
+    device: DeviceName = "auto"
+    """Where the models compute: auto (the first CUDA GPU when one is visible, else the CPU), cpu,
+    cuda, cuda:N or mps. Rollout batches stay on the CPU; each micro-batch moves there for its pass."""
+    precision: Precision = "fp32"
+    """fp32, or bf16: forward passes under bfloat16 autocast over float32 master weights and
+    optimizer state, losses in float32 (needs model.dtype: float32). Generation keeps the
+    weights' dtype."""
     output_dir: str = "runs/rl"
     """Run directory: config.yaml, metrics.jsonl, samples.jsonl, checkpoints/, final/, report.html."""
     save_every: int = Field(0, ge=0)

@@ -21,6 +21,7 @@ from posttrain.algos import (
 )
 from posttrain.algos.mismatch import rollout_mismatch
 from posttrain.algos.registry import EstimatorNeeds
+from posttrain.devices import compute_precision, model_device
 from posttrain.errors import TrainingDiverged
 from posttrain.models.logprobs import response_logprobs, shared_prompt_logprobs
 from posttrain.rewards import RewardFunctionError
@@ -71,12 +72,22 @@ def sequence_logprobs(
     model: nn.Module, batch: RolloutBatch, config: RLRun, *, with_entropy: bool = False
 ) -> tuple[Tensor, Tensor | None]:
     """``[B, T]`` log-probs (and entropies) of ``batch``'s responses under ``model`` at the
-    sampling temperature; prompts shared by a group are encoded once when configured."""
+    sampling temperature, on the model's device in the run's ``precision``; prompts shared by a
+    group are encoded once when configured."""
+    device = model_device(model)
+    batch = batch.to(device)
+    with compute_precision(config.precision, device):
+        return _sequence_logprobs(model, batch, config, with_entropy)
+
+
+def _sequence_logprobs(
+    model: nn.Module, batch: RolloutBatch, config: RLRun, with_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
     temperature = config.temperature_value
     if config.shared_prompt_forward:
         groups, prompt_index = torch.unique(batch.group_ids, return_inverse=True)
-        first = torch.full((groups.numel(),), len(batch), dtype=torch.long)
-        first = first.scatter_reduce(0, prompt_index, torch.arange(len(batch)), "amin")
+        first = torch.full((groups.numel(),), len(batch), dtype=torch.long, device=groups.device)
+        first = first.scatter_reduce(0, prompt_index, torch.arange(len(batch), device=groups.device), "amin")
         return shared_prompt_logprobs(
             model,
             batch.prompt_ids[first],
@@ -255,17 +266,19 @@ class BatchPreparer:
             self.sequence_logprobs(model, batch.select(torch.arange(start, min(start + size, len(batch)))))[0]
             for start in range(0, len(batch), size)
         ]
-        return torch.cat(parts)
+        return torch.cat(parts).cpu()  # the batch stays on the CPU between stages (devices.py)
 
     def _values(self, batch: RolloutBatch) -> Tensor:
         """``[B, T]`` critic values of the batch, ``micro_batch_size`` samples per forward pass."""
         from posttrain.models.value import response_values
 
-        size = self.config.micro_batch_size or len(batch)
+        size, device = self.config.micro_batch_size or len(batch), model_device(self.critic)
         parts = []
         for start in range(0, len(batch), size):
-            chunk = batch.select(torch.arange(start, min(start + size, len(batch))))
-            parts.append(response_values(self.critic, chunk.input_ids, chunk.attention_mask, chunk.prompt_ids.shape[1]))
+            chunk = batch.select(torch.arange(start, min(start + size, len(batch)))).to(device)
+            with compute_precision(self.config.precision, device):
+                values = response_values(self.critic, chunk.input_ids, chunk.attention_mask, chunk.prompt_ids.shape[1])
+            parts.append(values.float().cpu())
         return torch.cat(parts)
 
     def _reference_logprobs(self, batch: RolloutBatch) -> Tensor:

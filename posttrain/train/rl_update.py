@@ -20,6 +20,7 @@ from posttrain.algos import (
     value_loss,
 )
 from posttrain.algos.mismatch import rollout_mismatch, truncated_is_weights
+from posttrain.devices import compute_precision, model_device
 from posttrain.errors import TrainingDiverged
 from posttrain.train.rl_batch import RolloutBatch
 from posttrain.train.rl_config import RLRun
@@ -34,6 +35,7 @@ class PolicyUpdate:
     def __init__(self, config: RLRun, policy: nn.Module, critic: nn.Module | None, kl_controller: Any) -> None:
         self.config, self.algo = config, config.algorithm
         self.policy, self.critic, self.kl_controller = policy, critic, kl_controller
+        self.device = model_device(policy)
         self.minibatch_size = minibatch_size(config)
         self.several_updates = several_updates(config)
         # AReaL's decoupled objective (a loss that takes proximal_logprobs): π_prox is the policy
@@ -107,7 +109,8 @@ class PolicyUpdate:
             "loss/policy": 0.0,
         }
         for start in range(0, len(trained), size):
-            micro = trained.select(torch.arange(start, min(start + size, len(trained)))).trimmed()
+            # on the policy's device: its forward, the loss and the backward pass run there (devices.py)
+            micro = trained.select(torch.arange(start, min(start + size, len(trained)))).trimmed().to(self.device)
             share = float(micro.loss_mask.sum()) / trained_tokens
             micro_metrics = self._micro_backward(micro, aggregation, step)
             if self.critic is not None:
@@ -231,9 +234,10 @@ class PolicyUpdate:
         from posttrain.models.value import response_values
 
         critic_cfg = self.algo.critic
-        values = response_values(self.critic, micro.input_ids, micro.attention_mask, micro.prompt_ids.shape[1])
+        with compute_precision(self.config.precision, self.device):
+            values = response_values(self.critic, micro.input_ids, micro.attention_mask, micro.prompt_ids.shape[1])
         loss, metrics = value_loss(
-            values, micro.values, micro.returns, micro.loss_mask, clip_range=critic_cfg.value_clip
+            values.float(), micro.values, micro.returns, micro.loss_mask, clip_range=critic_cfg.value_clip
         )
         (loss * share).backward()  # no loss_coef: AdamW would cancel it (CriticSection)
         return {

@@ -92,6 +92,10 @@ COMMON_CONFIGS = [
     ("max_grad_norm=-1", ["max_grad_norm"]),
     ("weight_decay=-1", ["weight_decay"]),
     ("threads=0", ["threads"]),
+    ("device=tpu", ["device", "cuda:N", "mps"]),
+    ("device=cuda:99", ["device = 'cuda:99'", "set device"]),  # no CUDA here, or fewer GPUs
+    ("precision=fp16", ["precision", "bf16"]),
+    ("precision=bf16 ; model.dtype=bfloat16", ["precision", "model.dtype", "float32"]),
     ("steps", ["steps", "key=value"]),
     ("=3", ["=3", "key=value"]),
     ("rewards=[", ["rewards", "YAML"]),

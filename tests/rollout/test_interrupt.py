@@ -58,7 +58,8 @@ def check_versions_and_logprobs(out, old_model, new_model, switch: int, old: int
     versions = out.extras["token_versions"]
     assert versions[before].eq(old).all() and versions[after].eq(new).all()
     assert out.policy_version.eq(old).all()  # a sample is as old as its oldest token
-    old_lp, new_lp = full_forward_logprobs(old_model, out, temperature), full_forward_logprobs(new_model, out, temperature)
+    old_lp = full_forward_logprobs(old_model, out, temperature)
+    new_lp = full_forward_logprobs(new_model, out, temperature)
     assert (out.logprobs - old_lp)[before].abs().max() < 1e-5
     assert (out.logprobs - new_lp)[after].abs().max() < 1e-5
     assert (out.logprobs - old_lp)[after].abs().max() > 1e-2  # the two models really differ there
