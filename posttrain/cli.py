@@ -300,3 +300,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
+    finally:
+        if "posttrain.distributed" in sys.modules:  # a command that ran under torchrun leaves its group
+            sys.modules["posttrain.distributed"].leave()

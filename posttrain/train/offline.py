@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from posttrain.config import Beta, Section
 from posttrain.devices import DeviceName, Precision, compute_precision, model_device, precision_problem
+from posttrain.distributed import world
 from posttrain.errors import TrainingDiverged  # re-exported: raised here, caught by callers
 from posttrain.memory import return_free_memory
 from posttrain.telemetry import MetricsLogger, Progress, write_failure_report, write_report
@@ -152,17 +153,20 @@ def train_offline(
 ) -> list[dict[str, float]]:
     """Train ``objective.model`` on ``examples``; returns the per-step metrics. ``on_step``: see
     :data:`StepHook`; ``show_progress=False`` leaves the console to a caller printing its own lines."""
-    out = Path(config.output_dir)
-    resume_from = prepare_run_dir(out, config.resume, config.overwrite, config_yaml)
+    out, ranks = Path(config.output_dir), world()
+    # rank 0 prepares the run folder (distributed.py); every rank resumes from what it found
+    resume_from = ranks.from_main(
+        prepare_run_dir(out, config.resume, config.overwrite, config_yaml) if ranks.is_main else None
+    )
     model = objective.model
     parts = _Parts.build(model, len(examples), config)
     start_step = _maybe_resume(config, resume_from, model, parts)
 
     history: list[dict[str, float]] = []
-    logger = MetricsLogger.for_run(out, config, start_step)
+    logger = MetricsLogger.for_run(out, config, start_step) if ranks.is_main else None
     progress = (
         Progress(config.steps, keys=progress_keys, every=config.log_every, label=label, start=start_step)
-        if show_progress
+        if show_progress and ranks.is_main
         else None
     )
     try:
@@ -173,12 +177,13 @@ def train_offline(
         last_step = config.steps
         for step in range(start_step + 1, config.steps + 1):
             metrics, stop = _step(objective, examples, parts, config, step, started, evaluate, on_step)
-            logger.log(step, metrics)
+            if logger is not None:
+                logger.log(step, metrics)
             history.append({"step": step, **metrics})
             if progress is not None:
                 progress.update(step, metrics)
             last_step = step if stop else last_step
-            if (config.save_every and step % config.save_every == 0) or step == last_step:
+            if ((config.save_every and step % config.save_every == 0) or step == last_step) and ranks.is_main:
                 _save(out, step, objective, config, config_yaml, parts)
             if stop:
                 break
@@ -186,16 +191,20 @@ def train_offline(
             final_eval = _log_eval(evaluate, logger, last_step)
             if history:
                 history[-1].update(final_eval)
-        with quiet_progress_bars():
-            save_final(model, out / "final", objective.tokenizer)
-        write_report(out, title=f"posttrain {label}: {out.name}")
+        if ranks.is_main:
+            with quiet_progress_bars():
+                save_final(model, out / "final", objective.tokenizer)
+            write_report(out, title=f"posttrain {label}: {out.name}")
+        ranks.barrier()  # no rank leaves before the run folder is complete
     except BaseException as error:  # the report shows what was logged up to the failure, and why
-        write_failure_report(out, title=f"posttrain {label}: {out.name}", error=error)
+        if ranks.is_main:
+            write_failure_report(out, title=f"posttrain {label}: {out.name}", error=error)
         raise
     finally:
         if progress is not None:
             progress.close()
-        logger.close()
+        if logger is not None:
+            logger.close()
     return history
 
 
@@ -241,10 +250,11 @@ def _step(
     return metrics, stop
 
 
-def _log_eval(evaluate: EvalFn, logger: MetricsLogger, step: int) -> dict[str, float]:
-    """Run ``evaluate``, log its metrics (``eval/`` prefixed) at ``step`` and return them."""
+def _log_eval(evaluate: EvalFn, logger: MetricsLogger | None, step: int) -> dict[str, float]:
+    """Run ``evaluate``, log its metrics (``eval/`` prefixed, rank 0) at ``step`` and return them."""
     metrics = {f"eval/{k}": v for k, v in evaluate().items()}
-    logger.log(step, metrics)
+    if logger is not None:
+        logger.log(step, metrics)
     return metrics
 
 
@@ -308,10 +318,13 @@ def _train_step(
     config: LoopConfig,
     step: int,
 ) -> dict[str, float]:
-    rows = [examples[i] for i in sampler.next_batch()]
-    micro = config.batch_size // config.gradient_accumulation
+    ranks = world()
+    # this rank's share of the step's rows (all of them in one process), in as many micro-batches
+    rows = ranks.share([examples[i] for i in sampler.next_batch()])
+    micro = max(len(rows) // config.gradient_accumulation, 1)
     chunks = [rows[i : i + micro] for i in range(0, len(rows), micro)]
-    step_units = sum(objective.units(chunk) for chunk in chunks)
+    # normalised by the whole step's units over the ranks: the summed gradients are one process's
+    step_units = ranks.sum(sum(objective.units(chunk) for chunk in chunks))
     optimizer.zero_grad(set_to_none=True)
     totals: dict[str, float] = {objective.loss_name: 0.0}
     device = model_device(objective.model)
@@ -328,6 +341,8 @@ def _train_step(
         totals[objective.loss_name] += loss.item()  # micro-batch losses sum to the step mean
         for key, value in metrics.items():
             totals[key] = totals.get(key, 0.0) + float(value) / len(chunks)
+    ranks.sum_gradients(params)
+    totals = {**ranks.mean(totals), objective.loss_name: ranks.sum(totals[objective.loss_name])}
     max_norm = config.max_grad_norm if config.max_grad_norm is not None else math.inf
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
     if not math.isfinite(grad_norm):

@@ -21,6 +21,7 @@ from posttrain.data.section import (  # re-exported: the config sections' histor
     load_rows,
 )
 from posttrain.devices import resolve_device
+from posttrain.distributed import join, world
 from posttrain.models.section import (  # re-exported, as above
     LoraSection,
     ModelSection,
@@ -122,12 +123,22 @@ def micro_batch(config: LoopConfig) -> int:
 
 def check_run_dir(config: LoopConfig) -> None:
     """The run folder and resume point (``train/run_dir.py``) and the metric sinks, checked before
-    any model loads."""
+    any model loads (by rank 0 alone under torchrun: it writes the folder)."""
     from posttrain.telemetry.metrics import check_report_to
     from posttrain.train.run_dir import start_point
 
-    start_point(config.output_dir, config.resume, config.overwrite, dump_config(config))
+    if world().is_main:
+        start_point(config.output_dir, config.resume, config.overwrite, dump_config(config))
     check_report_to(config.report_to)
+
+
+def _device(config: LoopConfig) -> torch.device:
+    """The run's device (checked before anything loads); under torchrun the process group is
+    joined here and a CUDA run takes this rank's own GPU (``distributed.py``)."""
+    device = resolve_device(config.device)
+    ranks = join(device)
+    ranks.share(range(config.batch_size))  # refused here, before loading, when it does not divide
+    return ranks.device(device)
 
 
 def encode_within_context(
@@ -159,7 +170,7 @@ def run_sft(config: SFTRun) -> list[dict[str, float]]:
     from posttrain.rewards import resolve_reward
     from posttrain.train.sft import SFTObjective
 
-    device = resolve_device(config.device)
+    device = _device(config)
     check_run_dir(config)
     check_model_source(config.model)
     train_rows, held_out, reward_name = load_rows(config.data, config.seed, ("prompt_completion", "conversational"))
@@ -227,7 +238,7 @@ def run_reward_model(config: RewardModelRun) -> list[dict[str, float]]:
     from posttrain.models.reward import reward_model_from_policy
     from posttrain.train.preference import RewardModelObjective
 
-    device = resolve_device(config.device)
+    device = _device(config)
     check_run_dir(config)
     check_model_source(config.model)
     train_rows, held_out, _ = load_rows(config.data, config.seed, ("preference",))
@@ -260,7 +271,7 @@ def run_reward_model(config: RewardModelRun) -> list[dict[str, float]]:
 def run_dpo(config: DPORun) -> list[dict[str, float]]:
     from posttrain.train.preference import DPOObjective
 
-    device = resolve_device(config.device)
+    device = _device(config)
     check_run_dir(config)
     check_model_source(config.model)
     train_rows, held_out, _ = load_rows(config.data, config.seed, ("preference",))

@@ -38,6 +38,7 @@ from posttrain.config import ConfigError, dump_config
 from posttrain.data import DataError
 from posttrain.data.section import check_enough_rows, load_rows
 from posttrain.devices import resolve_device
+from posttrain.distributed import single_process_only
 from posttrain.envs import resolve_environment
 from posttrain.memory import return_free_memory
 from posttrain.models.section import build_model_and_tokenizer, check_model_source
@@ -354,6 +355,7 @@ def _check_before_loading(config: RLRun, *, model_given: bool) -> None:
     """What a user can get wrong and can be checked before the policy loads (the data and the
     rewards follow, still before it): the run folder and resume point (run_dir.py), the metric
     sinks, the device, the model folder, a recording to replay."""
+    single_process_only("rl")
     producer_kind(config, resolve_device(config.device))
     start_point(config.output_dir, config.resume, config.overwrite, dump_config(config))
     check_report_to(config.report_to)

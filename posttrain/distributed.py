@@ -1,0 +1,150 @@
+"""Data parallel training under ``torchrun``: every use of ``torch.distributed`` in posttrain.
+
+``torchrun --nproc_per_node N -m posttrain sft|rm|dpo ...`` runs N copies of the command with no
+config change. Each process (a *rank*) holds the whole model; every step each takes its share of
+the step's rows (the same seeded order on all ranks, cut into N contiguous parts), computes its
+gradients, and the ranks sum them (one ``all_reduce``) before the identical optimizer step, so
+the weights stay the same everywhere and equal a one-process run with the same global batch. The
+loss of a micro-batch is normalised by the units (tokens, pairs) of the *whole* step across ranks,
+which is what makes the summed gradient the one-process gradient. Rank 0 alone prepares the run
+folder, logs, prints and writes checkpoints and the report; a resume loads the checkpoint on
+every rank.
+
+Backends: ``gloo`` on the CPU, ``nccl`` with CUDA (one GPU per rank: ``cuda:LOCAL_RANK``).
+Outside torchrun (no ``WORLD_SIZE`` > 1) :func:`world` is a single process and every method here
+does nothing, so the loops call them unconditionally. A command calls :func:`join` once its
+device is known.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from posttrain.errors import PosttrainError
+
+T = TypeVar("T")
+
+
+class DistributedError(PosttrainError, ValueError):
+    """A run cannot be split over the processes torchrun started; the message says why."""
+
+
+class World:
+    """This process's place among the ranks of a run (one process: rank 0 of 1)."""
+
+    def __init__(self, rank: int = 0, size: int = 1, local_rank: int = 0) -> None:
+        self.rank, self.size, self.local_rank = rank, size, local_rank
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the process that writes the run folder and prints."""
+        return self.rank == 0
+
+    def device(self, device: torch.device) -> torch.device:
+        """This rank's device: its own GPU (``cuda:LOCAL_RANK``) when the run names ``cuda``."""
+        if self.size > 1 and device.type == "cuda" and device.index is None:
+            return torch.device("cuda", self.local_rank)
+        return device
+
+    def share(self, items: Sequence[T], what: str = "batch_size") -> list[T]:
+        """This rank's contiguous part of ``items`` (all ranks hold the same list)."""
+        if len(items) % self.size:
+            raise DistributedError(
+                f"{what} ({len(items)}) must be a multiple of the number of processes ({self.size}) so that "
+                f"each takes an equal share: set {what} to a multiple of {self.size}, or start {len(items)} "
+                "processes or a divisor of it"
+            )
+        part = len(items) // self.size
+        return list(items[self.rank * part : (self.rank + 1) * part])
+
+    def sum(self, value: float) -> float:
+        """``value`` summed over the ranks."""
+        if self.size == 1:
+            return value
+        total = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(total)
+        return float(total)
+
+    def mean(self, values: dict[str, float]) -> dict[str, float]:
+        """Each value averaged over the ranks (every rank passes the same keys)."""
+        if self.size == 1 or not values:
+            return values
+        keys = sorted(values)
+        stacked = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+        dist.all_reduce(stacked)
+        return {key: float(v) / self.size for key, v in zip(keys, stacked, strict=True)}
+
+    def sum_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
+        """Replace each parameter's gradient by its sum over the ranks (one flat all-reduce)."""
+        if self.size == 1:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        for param, part in zip(params, flat.split([g.numel() for g in grads]), strict=True):
+            param.grad = part.view_as(param).to(param.dtype)
+
+    def from_main(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank (a picklable object)."""
+        if self.size == 1:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.size > 1:
+            dist.barrier()
+
+
+_WORLD: World | None = None
+
+
+def world() -> World:
+    """The run's :class:`World` (a single process until :func:`join` was called under torchrun)."""
+    return _WORLD if _WORLD is not None else World()
+
+
+def join(device: torch.device) -> World:
+    """Join torchrun's process group when this process is one of several (``WORLD_SIZE`` > 1):
+    ``gloo`` for a CPU run, ``nccl`` for CUDA. Ranks other than 0 print nothing from here on
+    (their stderr stays). Idempotent; returns :func:`world`."""
+    global _WORLD
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if _WORLD is not None or size <= 1:
+        return world()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group(backend=backend)
+    _WORLD = World(dist.get_rank(), dist.get_world_size(), local_rank)
+    if not _WORLD.is_main:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
+    return _WORLD
+
+
+def single_process_only(command: str) -> None:
+    """Refuse to run ``command`` as one of several torchrun processes (it has no data parallel
+    mode yet, and N copies would each write the same run folder)."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size > 1:
+        raise DistributedError(
+            f"not a data parallel command yet, and torchrun started {size} processes (each would write the same "
+            f"run folder): run it as one process (python -m posttrain {command} ..., or torchrun --nproc_per_node 1)"
+        )
+
+
+def leave() -> None:
+    """Leave the process group (at the end of a command)."""
+    global _WORLD
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _WORLD = None

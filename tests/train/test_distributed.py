@@ -1,0 +1,102 @@
+"""``torchrun --nproc_per_node 2 -m posttrain sft|rm|dpo`` on the CPU (gloo): the two ranks split
+each step's rows and sum their gradients, so the run equals one process with the same global
+batch; rank 0 alone writes the run folder; a batch the ranks cannot split equally is refused
+before anything loads (distributed.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+pytestmark = pytest.mark.slow
+
+TINY = ["model.tiny.layers=1", "model.tiny.hidden=32", "model.tiny.heads=2"]
+COMMON = [*TINY, "steps=5", "batch_size=8", "learning_rate=1e-3", "warmup_steps=0", "device=cpu", "report_to=[]"]
+COMMANDS = {
+    "sft": ["data.task=reverse", "data.n_train=64", "data.n_eval=9", "eval_size=0", "gradient_accumulation=2"],
+    "rm": ["data.task=preference", "data.n_train=64", "data.n_eval=0"],
+    "dpo": ["data.task=preference", "data.n_train=64", "data.n_eval=0", "gradient_accumulation=2"],
+}
+LOSS = {"sft": "loss/sft", "rm": "loss/rm", "dpo": "loss/dpo"}
+
+
+def posttrain(args: list[str], ranks: int = 1, cwd=None) -> subprocess.CompletedProcess:
+    """``python -m posttrain`` (ranks = 1) or the same under torchrun with ``ranks`` processes."""
+    launcher = [sys.executable]
+    if ranks > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+    command = [*launcher, "-m", "posttrain", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, check=False, timeout=600)
+
+
+def metrics(run_dir) -> list[dict]:
+    """The logged training steps, without wall times."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    records = [record for record in map(json.loads, lines) if "grad_norm" in record]
+    return [{k: v for k, v in record.items() if not k.startswith("time/")} for record in records]
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_two_ranks_equal_one_process_with_the_same_global_batch(tmp_path, command):
+    args = [command, *COMMON, *COMMANDS[command]]
+    single = posttrain([*args, f"output_dir={tmp_path / 'single'}"])
+    assert single.returncode == 0, single.stderr[-3000:]
+    pair = posttrain([*args, f"output_dir={tmp_path / 'ranks'}"], ranks=2)
+    assert pair.returncode == 0, pair.stderr[-3000:]
+
+    one, two = metrics(tmp_path / "single"), metrics(tmp_path / "ranks")
+    assert [r["step"] for r in two] == [1, 2, 3, 4, 5]  # logged once, by rank 0
+    for a, b in zip(one, two, strict=True):
+        assert abs(a[LOSS[command]] - b[LOSS[command]]) < 1e-6, (a["step"], a[LOSS[command]], b[LOSS[command]])
+        assert abs(a["grad_norm"] - b["grad_norm"]) < 1e-6, (a["step"], a["grad_norm"], b["grad_norm"])
+    assert len({round(r[LOSS[command]], 6) for r in one}) > 1  # it trained: the loss moved
+    final_one = load_file(str(next((tmp_path / "single" / "final").glob("*.safetensors"))))
+    final_two = load_file(str(next((tmp_path / "ranks" / "final").glob("*.safetensors"))))
+    for name, tensor in final_one.items():
+        torch.testing.assert_close(final_two[name], tensor, atol=1e-5, rtol=0)
+
+
+def test_a_batch_the_ranks_cannot_split_is_refused_before_loading(tmp_path):
+    args = ["sft", *COMMON, *COMMANDS["sft"], "batch_size=7", "gradient_accumulation=1",
+            f"output_dir={tmp_path / 'odd'}"]  # fmt: skip
+    result = posttrain(args, ranks=2)
+    assert result.returncode != 0
+    # each rank's one line (torchrun then reports the failed processes)
+    assert result.stderr.count("posttrain sft: batch_size (7) must be a multiple of the number of processes (2)") == 2
+    assert not (tmp_path / "odd" / "metrics.jsonl").exists()
+
+
+def test_two_ranks_resume_from_rank_0s_checkpoint(tmp_path):
+    import shutil
+
+    args = ["dpo", *COMMON, *COMMANDS["dpo"], "save_every=2", "keep_last=5"]
+    straight = posttrain([*args, f"output_dir={tmp_path / 'straight'}"], ranks=2)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    resumed_dir = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "straight", resumed_dir)
+    shutil.rmtree(resumed_dir / "final")
+    for path in (resumed_dir / "checkpoints").iterdir():
+        if int(path.name.split("-")[1]) > 2:
+            shutil.rmtree(path)
+    lines = (resumed_dir / "metrics.jsonl").read_text().splitlines()
+    (resumed_dir / "metrics.jsonl").write_text("".join(f"{line}\n" for line in lines if json.loads(line)["step"] <= 2))
+    resumed = posttrain([*args, f"output_dir={resumed_dir}", "resume=auto"], ranks=2)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "[resume] step 2" in resumed.stdout
+    assert metrics(resumed_dir)[2:] == metrics(tmp_path / "straight")[2:]  # every rank continued exactly
+
+
+def test_rl_under_torchrun_is_refused_before_loading(tmp_path):
+    args = ["rl", *TINY, "data.task=reverse", "data.n_train=16", "data.n_eval=9", "steps=1",
+            f"output_dir={tmp_path / 'rl'}"]  # fmt: skip
+    result = posttrain(args, ranks=2)
+    assert result.returncode != 0
+    assert result.stderr.count("posttrain rl: not a data parallel command yet, and torchrun started 2") == 2
+    assert not (tmp_path / "rl").exists()
