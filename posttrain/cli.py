@@ -68,16 +68,21 @@ def _eval(args: argparse.Namespace) -> int:
     from posttrain.data import DataError
     from posttrain.data.tasks import get_task
     from posttrain.errors import PosttrainError
-    from posttrain.evaluate import evaluate, pass_at_k
+    from posttrain.evaluate import evaluate, sampled_eval
     from posttrain.models.loading import ModelLoadError, load_causal_lm, load_tokenizer, read_config
     from posttrain.rewards import resolve_reward
 
     # everything but the weights first: a wrong flag is refused before a model loads
-    try:
-        task = get_task(args.task)(1, args.n, args.seed)
-    except PosttrainError as error:
-        raise DataError(f"--task {args.task} --n {args.n}: {error}") from None
-    rows = task.held_out
+    if args.data is not None:  # a data file: its prompts (and columns), the first --n of them
+        from posttrain.data import read_dataset
+
+        rows, task_reward = read_dataset(args.data)[: args.n], None
+    else:
+        try:
+            task = get_task(args.task)(1, args.n, args.seed)
+        except PosttrainError as error:
+            raise DataError(f"--task {args.task} --n {args.n}: {error}") from None
+        rows, task_reward = task.held_out, task.reward
     if args.prompt_template:
         from posttrain.data.prompt_templates import resolve_prompt_template, template_rows
 
@@ -90,10 +95,11 @@ def _eval(args: argparse.Namespace) -> int:
         from posttrain.data.prompt_templates import chat_rows
 
         rows = chat_rows(rows)
-    if not (args.reward or task.reward):
-        raise DataError(f"task {args.task!r} has no reward to score with; pass --reward")
+    if not (args.reward or task_reward):
+        source = f"--data {args.data}" if args.data is not None else f"task {args.task!r}"
+        raise DataError(f"{source} has no reward to score with; pass --reward (a built-in name or pkg.module:fn)")
     try:
-        reward = resolve_reward(args.reward or task.reward).fn
+        reward = resolve_reward(args.reward or task_reward).fn
     except PosttrainError as error:
         raise DataError(f"--reward: {error}") from None
     try:
@@ -102,11 +108,15 @@ def _eval(args: argparse.Namespace) -> int:
         raise ModelLoadError(f"--model: {error}") from None
     model, tokenizer = load_causal_lm(args.model).eval(), load_tokenizer(args.model)
     result = evaluate(model, tokenizer, rows, reward, max_new_tokens=args.max_new_tokens, stop=args.stop)
-    report = {"task": args.task, "rows": len(rows), "greedy_accuracy": result.accuracy}
+    source = {"data": args.data} if args.data is not None else {"task": args.task}
+    report = {**source, "rows": len(rows), "greedy_accuracy": result.accuracy}
+    report["greedy_accuracy_stderr"] = result.stderr
     if args.k > 1:
-        report[f"pass@{args.k}"] = pass_at_k(
+        sampled = sampled_eval(
             model, tokenizer, rows, reward, k=args.k, max_new_tokens=args.max_new_tokens, seed=args.seed, stop=args.stop
         )
+        report[f"pass@{args.k}"] = sampled.pass_at_k
+        report[f"mean@{args.k}"], report[f"mean@{args.k}_stderr"] = sampled.mean_at_k, sampled.mean_at_k_stderr
     print(json.dumps(report))
     return 0
 
@@ -190,14 +200,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_eval(commands: Any, debug: argparse.ArgumentParser) -> None:
     evaluate = commands.add_parser(
-        "eval", parents=[debug], help="greedy accuracy and pass@k of a model folder on a built-in task"
+        "eval", parents=[debug], help="greedy accuracy, pass@k and mean@k of a model folder on a built-in task"
     )
     evaluate.add_argument("--model", required=True, help="a local model folder (e.g. runs/sft/final)")
     evaluate.add_argument("--task", default="reverse", help="built-in task (reverse, arithmetic)")
-    evaluate.add_argument("--reward", default=None, help="reward to score with (default: the task's)")
-    evaluate.add_argument("--n", type=positive_int, default=500, help="held-out rows")
     evaluate.add_argument(
-        "--k", type=positive_int, default=1, help="also report pass@k with k samples at temperature 1"
+        "--data", default=None, help="a data file (.jsonl, .csv, .parquet, ...) with a prompt column, instead of --task"
+    )
+    evaluate.add_argument("--reward", default=None, help="reward to score with (default: the task's)")
+    evaluate.add_argument("--n", type=positive_int, default=500, help="held-out rows (with --data: the first n)")
+    evaluate.add_argument(
+        "--k",
+        type=positive_int,
+        default=1,
+        help="also report pass@k and mean@k (with its standard error) over k samples at temperature 1",
     )
     evaluate.add_argument("--max-new-tokens", type=positive_int, default=16)
     evaluate.add_argument(

@@ -1,10 +1,16 @@
-"""Greedy evaluation: generate one completion per prompt and score it with a reward function.
+"""Evaluation: generate completions for held-out prompts and score them with a reward function.
 
-With a 0/1 reward such as ``reverse_reward`` the mean reward is the exact-match accuracy.
+Greedy (:func:`evaluate`): one completion per prompt; with a 0/1 reward such as
+``reverse_reward`` the mean reward is the exact-match accuracy. Sampled (:func:`sampled_eval`):
+k completions per prompt at a temperature, giving pass@k (the share of prompts with at least one
+full score) and mean@k (the mean score over all samples: the expected accuracy of one sample).
+Each mean comes with its standard error over the prompts, so two models' figures can be told
+apart from noise.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +32,48 @@ class EvalResult:
     samples: list[dict[str, Any]] = field(default_factory=list)
     """One dict per row: its columns, the generated ``completion`` (a reference completion in
     the row is kept as ``reference``) and its ``reward``."""
+
+    @property
+    def stderr(self) -> float:
+        """Standard error of :attr:`accuracy` over the scored rows (NaN below two)."""
+        return standard_error([s["reward"] for s in self.samples if s["reward"] is not None])
+
+
+@dataclass
+class SampledResult:
+    """k sampled completions per prompt, scored (:func:`sampled_eval`)."""
+
+    k: int
+    scores: list[list[float]]
+    """Per prompt, the scores of its samples that the reward applies to (``None`` left out)."""
+
+    @property
+    def pass_at_k(self) -> float:
+        """Share of prompts with at least one sample scoring 1."""
+        return sum(any(s == 1.0 for s in row) for row in self.scores) / max(len(self.scores), 1)
+
+    @property
+    def mean_at_k(self) -> float:
+        """Mean over prompts of the mean score of their samples."""
+        means = self._prompt_means()
+        return sum(means) / len(means) if means else float("nan")
+
+    @property
+    def mean_at_k_stderr(self) -> float:
+        """Standard error of :attr:`mean_at_k` (prompts are the independent draws, not samples)."""
+        return standard_error(self._prompt_means())
+
+    def _prompt_means(self) -> list[float]:
+        return [sum(row) / len(row) for row in self.scores if row]
+
+
+def standard_error(values: Sequence[float]) -> float:
+    """Sample standard deviation / √n of ``values`` (NaN for fewer than two)."""
+    n = len(values)
+    if n < 2:
+        return float("nan")
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
 def generate_greedy(
@@ -105,7 +153,13 @@ def evaluate(
     return EvalResult(accuracy=sum(scored) / len(scored) if scored else float("nan"), samples=samples)
 
 
-def pass_at_k(
+def pass_at_k(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *args: Any, **kwargs: Any) -> float:
+    """Share of prompts with at least one of ``k`` sampled completions scoring 1 (pass@k); the
+    arguments of :func:`sampled_eval`."""
+    return sampled_eval(model, tokenizer, *args, **kwargs).pass_at_k
+
+
+def sampled_eval(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     rows: Sequence[Mapping[str, Any]],
@@ -116,17 +170,18 @@ def pass_at_k(
     max_new_tokens: int = 12,
     seed: int = 0,
     stop: Sequence[str] = (),
-) -> float:
-    """Share of prompts with at least one of ``k`` sampled completions scoring 1 (pass@k).
-    ``stop`` ends completions as in :func:`evaluate` and the RL run's ``sampling.stop``."""
+    batch_size: int = 256,
+) -> SampledResult:
+    """``k`` completions per row's prompt sampled at ``temperature`` (seeded), scored: pass@k and
+    mean@k. ``stop`` ends completions as in :func:`evaluate` and the RL run's ``sampling.stop``."""
     prompts = [row["prompt"] for row in rows]
     sampling = SamplingParams(
         n=k, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed, stop_strings=tuple(stop)
     )
-    completions, completion_ids = sample_completions(model, tokenizer, prompts, sampling)
+    completions, completion_ids = sample_completions(model, tokenizer, prompts, sampling, batch_size=batch_size)
     extra = [key for key in (rows[0] if rows else {}) if key not in ("prompt", "completion", "completion_ids")]
     columns = {key: [row[key] for row in rows for _ in range(k)] for key in extra}
     prompts = [p for p in prompts for _ in range(k)]
     rewards = reward_fn(prompts, reward_completions(prompts, completions), completion_ids, **columns)
-    solved = [any(r == 1.0 for r in rewards[i * k : (i + 1) * k]) for i in range(len(rows))]
-    return sum(solved) / max(len(solved), 1)
+    scores = [[float(r) for r in rewards[i * k : (i + 1) * k] if r is not None] for i in range(len(rows))]
+    return SampledResult(k=k, scores=scores)

@@ -1,8 +1,10 @@
+import math
+
 import pytest
 import torch
 
 from posttrain.data.tasks.reverse import make_rows, reverse_reward
-from posttrain.evaluate import evaluate, generate_greedy, pass_at_k
+from posttrain.evaluate import SampledResult, evaluate, generate_greedy, pass_at_k, sampled_eval, standard_error
 from posttrain.models.chat import prompt_ids
 from posttrain.models.tiny import build_tiny_causal_lm
 from posttrain.models.tokenizers import build_char_tokenizer
@@ -114,3 +116,49 @@ def test_pass_at_k_ends_sampled_completions_at_stop_strings(model, tokenizer):
     assert len(seen["stopped"]) == 12
     assert all(stop not in text[:-1] for text in seen["stopped"])
     assert any(text.endswith(stop) for text in seen["stopped"])
+
+
+def test_sampled_eval_gives_pass_and_mean_at_k_with_errors_over_prompts(model, tokenizer):
+    rows = make_rows(["sean", "akshitaxy", "joe"])
+    given = iter([[1.0, 0.0], [0.0, None], [1.0, 1.0]])  # per prompt, k = 2; None: not applicable
+
+    def scripted(prompts, completions, completion_ids, **columns):
+        assert len(completions) == 6 and prompts[0] == prompts[1] != prompts[2]  # prompt-major samples
+        return [score for _ in range(3) for score in next(given)]
+
+    result = sampled_eval(model, tokenizer, rows, scripted, k=2, max_new_tokens=4, seed=1)
+    assert result.scores == [[1.0, 0.0], [0.0], [1.0, 1.0]]
+    assert result.pass_at_k == pytest.approx(2 / 3)
+    assert result.mean_at_k == pytest.approx((0.5 + 0.0 + 1.0) / 3)
+    # the prompts are the draws: the spread of their means, 0.5, over √3
+    assert result.mean_at_k_stderr == pytest.approx(0.5 / 3**0.5)
+
+
+def test_standard_errors():
+    assert standard_error([1.0, 0.0, 1.0, 0.0]) == pytest.approx((1 / 3) ** 0.5 / 2)
+    assert math.isnan(standard_error([1.0]))
+    assert math.isnan(SampledResult(k=4, scores=[]).mean_at_k)
+
+
+def test_eval_command_on_a_data_file_reports_greedy_and_sampled_figures(model, tokenizer, tmp_path, capsys):
+    import json
+
+    from posttrain.cli import main
+
+    folder, data = tmp_path / "model", tmp_path / "rows.jsonl"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    rows = make_rows(["sean", "akshitaxy", "joe", "al"])
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    args = ["eval", "--model", str(folder), "--data", str(data), "--n", "3", "--k", "2", "--max-new-tokens", "8"]
+    assert main([*args, "--reward", "reverse"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    greedy = evaluate(model, tokenizer, rows[:3], reverse_reward, max_new_tokens=8)
+    sampled = sampled_eval(model, tokenizer, rows[:3], reverse_reward, k=2, max_new_tokens=8, seed=0)
+    assert report == {
+        "data": str(data), "rows": 3, "greedy_accuracy": greedy.accuracy, "greedy_accuracy_stderr": greedy.stderr,
+        "pass@2": sampled.pass_at_k, "mean@2": sampled.mean_at_k, "mean@2_stderr": sampled.mean_at_k_stderr,
+    }  # fmt: skip
+    # a data file brings no reward of its own: refused before the model loads, naming what to pass
+    assert main(args) == 2
+    assert "has no reward to score with; pass --reward" in capsys.readouterr().err

@@ -61,7 +61,7 @@ from posttrain.train.checkpoint import (
 from posttrain.train.rl_batch import RolloutBatch
 from posttrain.train.rl_checks import StepWarnings, preflight_rewards
 from posttrain.train.rl_config import RLRun
-from posttrain.train.rl_eval import logged_samples
+from posttrain.train.rl_eval import filter_by_difficulty, logged_samples
 from posttrain.train.rl_prepare import (
     BatchPreparer,
     build_kl_controller,
@@ -127,6 +127,10 @@ class OnlineRL:
         # the value model: the policy's body with a fresh scalar head (models/value.py)
         self.critic = value_model_from_policy(self.policy).train() if self.algo.critic is not None else None
         self.engine = build_engine(self.policy, tokenizer, kind=config.engine_kind, vllm_options=config.rollout.vllm)
+        self.data_filter = None  # data.filter: the prompts the starting policy solves only sometimes
+        if config.data.filter is not None:
+            self.rows, self.data_filter = filter_by_difficulty(model, tokenizer, train_rows, self.rewards, config, echo)
+            train_rows = self.rows
         self.source, self.evaluation = self._build_source(train_rows)
 
         self.kl_controller = build_kl_controller(self.algo.kl)
@@ -205,6 +209,8 @@ class OnlineRL:
         config = self.config
         config_yaml = dump_config(config)
         start = self._maybe_resume(prepare_run_dir(self.out, config.resume, config.overwrite, config_yaml, self.echo))
+        if self.data_filter is not None:  # written once the folder is ready (a new run's is emptied)
+            self.data_filter.save(self.out)
         history: list[dict[str, float]] = []
         logger = MetricsLogger.for_run(self.out, config, start)
         progress = Progress(config.steps, keys=PROGRESS_KEYS, every=config.log_every, label="rl", start=start)

@@ -59,6 +59,11 @@ def _env_problems(config: RLRun) -> list[str]:
     if config.env is None:
         return []
     algo, problems = config.algorithm, []
+    if config.data.filter is not None:
+        problems.append(
+            "data.filter measures single-turn completions of each prompt; env episodes are not filtered yet: "
+            "remove data.filter"
+        )
     if algo.baseline == "greedy":
         problems.append(
             "algorithm.baseline = 'greedy' (ReMax) scores one greedy single-turn completion per prompt; an "

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -218,12 +218,38 @@ class RolloutSection(Section):
     switches depends on timing, so a run does not repeat bit for bit (a resume still does)."""
 
 
+class DataFilterSection(Section):
+    """Keep the prompts the starting policy solves only sometimes (data/difficulty.py)."""
+
+    pass_rate: tuple[Annotated[float, Field(ge=0, le=1)], Annotated[float, Field(ge=0, le=1)]]
+    """[low, high]: keep a prompt when the share of its k samples that pass lies in this range,
+    ends included; e.g. [0.1, 0.9] with k 8 keeps prompts solved 1 to 7 times out of 8."""
+    k: int = Field(8, ge=1)
+    """Samples per prompt, at the run's sampling temperature and max_new_tokens."""
+    threshold: float = 1.0
+    """A sample passes when the run's (weighted) reward scores it at least this."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> DataFilterSection:
+        low, high = self.pass_rate
+        if low > high:
+            raise ValueError(f"data.filter.pass_rate = [{low:g}, {high:g}]: low must not exceed high")
+        return self
+
+
+class RLDataSection(DataSection):
+    filter: DataFilterSection | None = None
+    """Difficulty filtering before training: sample k completions of every training prompt from
+    the starting policy and keep those whose pass rate lies in pass_rate (the rates are written
+    to data_filter.json; a resume reads them). null: every prompt."""
+
+
 class RLRun(Section):
     """Everything ``posttrain rl`` reads."""
 
     model: ModelSection
     """The policy to train (a local folder, or a tiny model built here)."""
-    data: DataSection
+    data: RLDataSection
     """Prompts (any other column reaches the reward functions)."""
     rewards: list[str | dict[str, Any]] = Field(default_factory=list)
     """Reward functions: built-in names, "pkg.module:fn" paths or {name: ..., options...};
@@ -301,8 +327,9 @@ class RLRun(Section):
     eval_k: int = Field(0, ge=0)
     """Besides the greedy pass, this many completions (episodes, for an environment) per held-out
     prompt sampled at the run's temperature: ``eval/pass_at_k`` (a single-turn run: at least one
-    of them scores 1), ``eval/sampled_<figure>`` for an environment (its resolution rate, turns
-    per resolution and return over every sampled episode). 0: greedy only."""
+    of them scores 1) and ``eval/mean_at_k`` (their mean score), ``eval/sampled_<figure>`` for an
+    environment (its resolution rate, turns per resolution and return over every sampled
+    episode). 0: greedy only."""
     eval_batch_size: int = Field(256, ge=1)
     """Held-out prompts generated at once (lower it to bound the KV cache of a large model)."""
     log_samples: int = Field(4, ge=0)

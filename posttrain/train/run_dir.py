@@ -35,6 +35,7 @@ from posttrain.train.checkpoint import STEP_DIR, CheckpointError, checkpoint_roo
 
 RUN_FILES = (
     "metrics.jsonl", "samples.jsonl", "checkpoints", "final", "report.html", "tensorboard", "wandb", "wandb_id",
+    "data_filter.json",
 )  # fmt: skip
 """What a posttrain run writes into its folder (``overwrite`` deletes these, nothing else)."""
 

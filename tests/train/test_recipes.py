@@ -13,7 +13,7 @@ from posttrain.cli import main
 from posttrain.config import ConfigError, load_config
 from posttrain.data.tasks import get_task
 from posttrain.data.tasks.reverse import reverse_reward
-from posttrain.evaluate import evaluate, pass_at_k
+from posttrain.evaluate import evaluate, pass_at_k, sampled_eval
 from posttrain.telemetry.metrics import read_jsonl
 from posttrain.train.checkpoint import latest_checkpoint
 from posttrain.train.preference import DPOObjective
@@ -147,9 +147,19 @@ def test_sft_then_eval_from_the_command_line(tmp_path, capsys):
     # the command's numbers are those of the library's evaluation of that folder on the task's rows
     rows = get_task("reverse")(1, 20, 0).held_out
     tokenizer = AutoTokenizer.from_pretrained(out / "final")
-    greedy = evaluate(final.eval(), tokenizer, rows, reverse_reward, max_new_tokens=16).accuracy
-    sampled = pass_at_k(final, tokenizer, rows, reverse_reward, k=2, max_new_tokens=16, seed=0)
-    assert report == {"task": "reverse", "rows": 20, "greedy_accuracy": greedy, "pass@2": sampled}
+    greedy = evaluate(final.eval(), tokenizer, rows, reverse_reward, max_new_tokens=16)
+    sampled = sampled_eval(final, tokenizer, rows, reverse_reward, k=2, max_new_tokens=16, seed=0)
+    assert report == {
+        "task": "reverse",
+        "rows": 20,
+        "greedy_accuracy": greedy.accuracy,
+        "greedy_accuracy_stderr": greedy.stderr,
+        "pass@2": sampled.pass_at_k,
+        "mean@2": sampled.mean_at_k,
+        "mean@2_stderr": sampled.mean_at_k_stderr,
+    }
+    assert sampled.pass_at_k == pass_at_k(final, tokenizer, rows, reverse_reward, k=2, max_new_tokens=16, seed=0)
+    greedy = greedy.accuracy
     # and the run's own last evaluation (the same 20 held-out names) saw the same greedy accuracy
     assert records[-1]["eval/accuracy"] == greedy
     # resume continues where the checkpoint left off

@@ -289,6 +289,8 @@ def test_eval_k_reports_pass_at_k_over_that_many_sampled_completions_per_prompt(
     assert all(len(set(prompts[i * 4 : i * 4 + 4])) == 1 for i in range(9))
     passed = [max(scores[i * 4 : i * 4 + 4]) == 1.0 for i in range(9)]
     assert metrics["eval/pass_at_k"] == pytest.approx(sum(passed) / 9)
+    assert metrics["eval/mean_at_k"] == pytest.approx(sum(scores) / 36)  # equal samples per prompt
+    assert metrics["eval/mean_at_k"] < metrics["eval/pass_at_k"]  # some prompt passed with fewer than 4 of 4
     assert 0 < sum(passed) < 9  # a figure that tells prompts apart, not all-or-nothing
     assert "eval/pass_at_k" not in make_run(tmp_path, ["eval_size=9", "preflight=false"], name="greedy").evaluate()
 
