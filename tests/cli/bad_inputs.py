@@ -128,6 +128,10 @@ COMMAND_CONFIGS = {
     ],
     "rl": [
         ("algorithm=no_such_algorithm", ["no_such_algorithm", "grpo"]),
+        ("data.filter.pass_rate=[0.9, 0.1]", ["data.filter.pass_rate", "low must not exceed high"]),
+        ("data.filter.pass_rate=[0.1, 2]", ["data.filter.pass_rate"]),
+        ("data.filter.k=0 ; data.filter.pass_rate=[0.1, 0.9]", ["data.filter.k"]),
+        ("rollout.interrupt=true", ["rollout.interrupt", "max_staleness"]),
         ("algorithm.advantage=no_such", ["algorithm.advantage", "grpo"]),
         ("algorithm.policy_loss=no_such", ["algorithm.policy_loss", "ppo_clip"]),
         ("algorithm.agg_mode=no_such", ["algorithm.agg_mode", "token-mean"]),
