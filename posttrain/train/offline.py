@@ -163,12 +163,7 @@ def train_offline(
     start_step = _maybe_resume(config, resume_from, model, parts)
 
     history: list[dict[str, float]] = []
-    logger = MetricsLogger.for_run(out, config, start_step) if ranks.is_main else None
-    progress = (
-        Progress(config.steps, keys=progress_keys, every=config.log_every, label=label, start=start_step)
-        if show_progress and ranks.is_main
-        else None
-    )
+    logger, progress = _sinks(out, config, start_step, progress_keys, label, show_progress)
     try:
         if evaluate is not None and start_step == 0:
             _log_eval(evaluate, logger, 0)
@@ -191,11 +186,7 @@ def train_offline(
             final_eval = _log_eval(evaluate, logger, last_step)
             if history:
                 history[-1].update(final_eval)
-        if ranks.is_main:
-            with quiet_progress_bars():
-                save_final(model, out / "final", objective.tokenizer)
-            write_report(out, title=f"posttrain {label}: {out.name}")
-        ranks.barrier()  # no rank leaves before the run folder is complete
+        _finish(out, objective, label)
     except BaseException as error:  # the report shows what was logged up to the failure, and why
         if ranks.is_main:
             write_failure_report(out, title=f"posttrain {label}: {out.name}", error=error)
@@ -206,6 +197,28 @@ def train_offline(
         if logger is not None:
             logger.close()
     return history
+
+
+def _finish(out: Path, objective: Objective, label: str) -> None:
+    """``final/`` and the report, written by rank 0; no rank leaves before they are."""
+    ranks = world()
+    if ranks.is_main:
+        with quiet_progress_bars():
+            save_final(objective.model, out / "final", objective.tokenizer)
+        write_report(out, title=f"posttrain {label}: {out.name}")
+    ranks.barrier()
+
+
+def _sinks(
+    out: Path, config: LoopConfig, start_step: int, progress_keys: Sequence[str], label: str, show_progress: bool
+) -> tuple[MetricsLogger | None, Progress | None]:
+    """The metrics logger and the progress line: rank 0's alone (distributed.py)."""
+    if not world().is_main:
+        return None, None
+    logger = MetricsLogger.for_run(out, config, start_step)
+    if not show_progress:
+        return logger, None
+    return logger, Progress(config.steps, keys=progress_keys, every=config.log_every, label=label, start=start_step)
 
 
 @dataclass

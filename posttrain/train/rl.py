@@ -127,10 +127,6 @@ class OnlineRL:
         # the value model: the policy's body with a fresh scalar head (models/value.py)
         self.critic = value_model_from_policy(self.policy).train() if self.algo.critic is not None else None
         self.engine = build_engine(self.policy, tokenizer, kind=config.engine_kind, vllm_options=config.rollout.vllm)
-        self.data_filter = None  # data.filter: the prompts the starting policy solves only sometimes
-        if config.data.filter is not None:
-            self.rows, self.data_filter = filter_by_difficulty(model, tokenizer, train_rows, self.rewards, config, echo)
-            train_rows = self.rows
         self.source, self.evaluation = self._build_source(train_rows)
 
         self.kl_controller = build_kl_controller(self.algo.kl)
@@ -167,7 +163,13 @@ class OnlineRL:
 
     # ------------------------------------------------------------------ construction
     def _build_source(self, rows: Sequence[dict[str, Any]]) -> tuple[RolloutSource, Any]:
-        """Where the batches come from and what evaluates the held-out rows (sources/build.py)."""
+        """Where the batches come from and what evaluates the held-out rows (sources/build.py); with
+        ``data.filter``, only from the prompts the starting policy solves sometimes (rl_eval.py)."""
+        self.data_filter = None
+        if self.config.data.filter is not None:
+            models = (self.policy, self.tokenizer)
+            self.rows, self.data_filter = filter_by_difficulty(*models, rows, self.rewards, self.config, self.echo)
+            rows = self.rows
         args = (self.engine, self.tokenizer, rows, self.rewards, self.out, self.echo)
         return build_source(self.config, self.policy, *args)
 
