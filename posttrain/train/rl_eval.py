@@ -31,12 +31,7 @@ def evaluate_held_out(
     with a full score among them, and their mean score); with the samples. The policy is back
     in training mode afterwards."""
     components: list[Tensor] = []
-
-    def score(prompts: list[Any], completions: list[str], completion_ids: list[list[int]], **columns: Any) -> list:
-        result = rewards.score(prompts, completions, completion_ids, columns)
-        components.append(result.components)
-        return [None if math.isnan(v) else v for v in result.scores.tolist()]
-
+    score = _scorer(rewards, components)
     result = evaluate(
         policy,
         tokenizer,
@@ -102,11 +97,14 @@ def filter_by_difficulty(
     return kept, result
 
 
-def _scorer(rewards: RewardSet) -> Any:
-    """The run's weighted reward as a TRL-style function (None where a sample is not scored)."""
+def _scorer(rewards: RewardSet, components: list[Tensor] | None = None) -> Any:
+    """The run's weighted reward as a TRL-style function (None where a sample is not scored);
+    each call's per-function scores are appended to ``components`` when given."""
 
     def score(prompts: list[Any], completions: list[Any], completion_ids: list[list[int]], **columns: Any) -> list:
         result = rewards.score(prompts, completions, completion_ids, columns)
+        if components is not None:
+            components.append(result.components)
         return [None if math.isnan(v) else v for v in result.scores.tolist()]
 
     return score
