@@ -137,6 +137,7 @@ def _demo(args: argparse.Namespace) -> int:
             threads=args.threads,
             max_staleness=args.max_staleness,
             interrupt=args.interrupt,
+            ray_workers=args.ray_workers,
         )
     )
     return 0
@@ -276,6 +277,12 @@ def _add_demo(commands: Any, debug: argparse.ArgumentParser) -> None:
         "--interrupt",
         action="store_true",
         help="with --max-staleness: generations in flight switch to the learner's new weights mid-way",
+    )
+    demo.add_argument(
+        "--ray-workers",
+        type=int,
+        default=0,
+        help="sample the RL stage on this many Ray rollout workers (a local Ray cluster; needs posttrain[dist])",
     )
     demo.set_defaults(handler=_demo)
 

@@ -92,6 +92,9 @@ class DemoConfig:
     interrupt: bool = False
     """The RL stage's rollout.interrupt (with max_staleness ≥ 1): batches in flight switch to the
     learner's new weights at a token boundary."""
+    ray_workers: int = 0
+    """The RL stage's rollouts on this many Ray rollout workers (cluster.kind: ray, a local
+    cluster started for the stage; rollout/ray_engine.py); 0 samples in this process."""
     baseline: bool = True
     """Also run the continued-SFT baseline for the RL stage's training time."""
     threads: int | None = None
@@ -216,6 +219,9 @@ def _rl_config(config: DemoConfig, out: Path) -> RLRun:
             "eval_every": config.eval_every,
             "eval_size": config.n_test,
             "rollout": {"max_staleness": config.max_staleness, "interrupt": config.interrupt},
+            "cluster": (
+                {"kind": "ray", "rollout_workers": config.ray_workers} if config.ray_workers else {"kind": "local"}
+            ),
             "seed": config.seed,
             "output_dir": str(out),
             "overwrite": True,  # the demo redoes its own stages when run again

@@ -63,6 +63,54 @@ class World:
         part = len(items) // self.size
         return list(items[self.rank * part : (self.rank + 1) * part])
 
+    def split(self, items: Sequence[T]) -> list[T]:
+        """This rank's contiguous part of ``items``, the first ``len % size`` ranks one item more
+        (an uneven split: a minibatch's groups, which need not divide among the ranks)."""
+        part, extra = divmod(len(items), self.size)
+        start = self.rank * part + min(self.rank, extra)
+        return list(items[start : start + part + (self.rank < extra)])
+
+    def gather(self, value: T) -> list[T]:
+        """Every rank's ``value`` (a picklable object), in rank order, on every rank."""
+        if self.size == 1:
+            return [value]
+        values: list[Any] = [None] * self.size
+        dist.all_gather_object(values, value)
+        return values
+
+    def reduce_metrics(self, values: dict[str, float], *, summed: bool = False) -> dict[str, float]:
+        """The ranks' metrics as one: a ``*_max`` key the largest, a ``*_min`` key the smallest,
+        counts (``*_dropped``, ``*_groups``) and — with ``summed``, for partial sums such as an
+        update's losses normalised by the whole step — every other key summed (a rank without
+        the key adds 0); else the mean over the ranks that report the key (equal shares)."""
+        if self.size == 1:
+            return values
+        reports = self.gather(values)
+        merged: dict[str, float] = {}
+        for key in sorted({key for report in reports for key in report}):
+            present = [report[key] for report in reports if key in report]
+            if key.endswith("_max"):
+                merged[key] = max(present)
+            elif key.endswith("_min"):
+                merged[key] = min(present)
+            elif summed or key.endswith(("_dropped", "_groups")):
+                merged[key] = float(sum(present))
+            else:
+                merged[key] = float(sum(present)) / len(present)
+        return merged
+
+    def merged_states(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A checkpoint's entries for a per-rank ``state``: rank 0's at the top level (what one
+        process saves) and, with several ranks, every rank's under ``"by_rank"``."""
+        states = self.gather(state)
+        return states[0] if self.size == 1 else {**states[0], "by_rank": states}
+
+    def own_state(self, saved: dict[str, Any]) -> dict[str, Any]:
+        """This rank's part of what :meth:`merged_states` saved (rank 0's for a rank the
+        checkpoint did not have: a run resumed with more processes than it saved with)."""
+        by_rank = saved.get("by_rank") or [saved]
+        return by_rank[self.rank] if self.rank < len(by_rank) else by_rank[0]
+
     def sum(self, value: float) -> float:
         """``value`` summed over the ranks."""
         if self.size == 1:

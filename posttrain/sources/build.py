@@ -56,7 +56,7 @@ def build_source(
     if config.rollout.replay is not None:
         source = ReplaySource(config.rollout.replay)
     elif config.rollout.max_staleness:
-        source = asynchronous(config, policy, tokenizer, sampling_with)
+        source = asynchronous(config, policy, tokenizer, sampling_with, echo)
         if config.env is not None:
             evaluation = sampling_with(engine)
     else:
@@ -66,6 +66,52 @@ def build_source(
     if config.record_rollouts:
         source = RecordingSource(source, output_dir / "rollouts")
     return source, evaluation
+
+
+def learner_engine(config: RLRun, policy: nn.Module, tokenizer: Any, echo: Callable[[str], None]) -> Any:
+    """The engine over the trained policy itself: it samples the synchronous loop's batches (on
+    the Ray workers with ``cluster.kind: ray``); with ``rollout.max_staleness`` the producer has
+    its own (:func:`asynchronous`) and this one, local, only plays evaluation episodes."""
+    if config.rollout.max_staleness:
+        return build_engine(policy, tokenizer, kind=config.engine_kind, vllm_options=config.rollout.vllm)
+    return rollout_engine(config, policy, tokenizer, echo)
+
+
+def rollout_engine(
+    config: RLRun, model: nn.Module, tokenizer: Any, echo: Callable[[str], None], mailbox: Any = None
+) -> Any:
+    """The engine that samples with ``model``: a local one (``rollout.engine``), or with
+    ``cluster.kind: ray`` the Ray rollout workers (``rollout/ray_engine.py``)."""
+    if config.cluster.kind == "ray":
+        from posttrain.rollout.ray_engine import RayEngine
+
+        return RayEngine(model, tokenizer, config.cluster, config.engine_kind, echo)
+    return build_engine(model, tokenizer, kind=config.engine_kind, vllm_options=config.rollout.vllm, mailbox=mailbox)
+
+
+def stop_workers(engine: Any) -> None:
+    """At the end of a run, stop the Ray rollout workers of the learner's engine (and a local
+    cluster started for them; the asynchronous producer stops its own); a local or vLLM engine
+    stays usable, for a caller sampling after ``run()``."""
+    from posttrain.rollout.ray_engine import RayEngine
+
+    if isinstance(engine, RayEngine):
+        engine.close()
+
+
+def check_placement(config: RLRun, device: torch.device, processes: int) -> None:
+    """Refuse, before any model loads, where rollouts cannot be generated: Ray not installed, Ray
+    workers under torchrun, an asynchronous producer process off the CPU (:func:`producer_kind`)."""
+    if config.cluster.kind == "ray":
+        from posttrain.rollout.ray_engine import import_ray
+
+        import_ray()
+        if processes > 1:
+            raise ConfigError(
+                f"cluster.kind = 'ray' places the rollout workers from one learner process; torchrun started "
+                f"{processes}: run it as one process (python -m posttrain rl ...), or leave cluster.kind: local"
+            )
+    producer_kind(config, device)
 
 
 def producer_kind(config: RLRun, device: torch.device) -> str:
@@ -83,7 +129,11 @@ def producer_kind(config: RLRun, device: torch.device) -> str:
 
 
 def asynchronous(
-    config: RLRun, policy: nn.Module, tokenizer: Any, sampling_with: Callable[[Any], RolloutSource]
+    config: RLRun,
+    policy: nn.Module,
+    tokenizer: Any,
+    sampling_with: Callable[[Any], RolloutSource],
+    echo: Callable[[str], None] = print,
 ) -> AsyncProducer:
     """The producer of ``rollout.max_staleness``: the source ``sampling_with`` builds on an engine
     over a copy of the policy (in a child process, or in the producer thread), never the trained
@@ -93,11 +143,13 @@ def asynchronous(
     threads = rollout.producer_threads or max(1, torch.get_num_threads() // 2)
     # rollout.interrupt: the trained parameters may be offered to a generation in flight
     offered = [name for name, p in policy.named_parameters() if p.requires_grad] if rollout.interrupt else []
-    if producer_kind(config, model_device(policy)) == "process":
-        engine: Any = ProcessEngine(rollout_model, tokenizer, config.engine_kind, threads, interruptible=offered)
+    if config.cluster.kind == "ray":  # the producer thread hands the batches to the Ray workers
+        engine: Any = rollout_engine(config, rollout_model, tokenizer, echo)
+    elif producer_kind(config, model_device(policy)) == "process":
+        engine = ProcessEngine(rollout_model, tokenizer, config.engine_kind, threads, interruptible=offered)
     else:
         mailbox = ThreadMailbox() if offered else None
-        engine = build_engine(rollout_model, tokenizer, kind=config.engine_kind, mailbox=mailbox)
+        engine = rollout_engine(config, rollout_model, tokenizer, echo, mailbox=mailbox)
     return AsyncProducer(
         sampling_with(engine),
         rollout_model,

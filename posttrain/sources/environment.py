@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from posttrain.distributed import world
 from posttrain.envs import EpisodeError, GuardedEnvironment, resolve_environment, run_concurrently
 from posttrain.envs.episode import Episode, EpisodeLimits
 from posttrain.envs.section import EnvSection
@@ -134,6 +135,7 @@ class EnvironmentSource:
             max_new_tokens=config.max_new_tokens, max_total_tokens=total, max_turns=env.max_turns, discount=env.discount
         )
         self.sampler = EpochSampler(len(self.rows), config.prompts_per_step, config.seed)
+        self.ranks = world()  # under torchrun each rank plays its share of a step's rows (distributed.py)
         self.lowest_score = math.inf
         self.version = 0
         # an interruptible engine reports the version of every token (rollout.interrupt)
@@ -142,13 +144,14 @@ class EnvironmentSource:
 
     # ------------------------------------------------------------------ the RolloutSource protocol
     def next_batch(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
-        rows = [self.rows[i] for i in self.sampler.next_batch()]
+        rows = [self.rows[i] for i in self.ranks.share(self.sampler.next_batch(), "prompts_per_step")]
         t0 = time.perf_counter()
         plays = self._start([row for row in rows for _ in range(self.config.samples_per_prompt)])
-        generate_s = self._play(plays, step)
+        generate_s = self._play(plays, step, rank=self.ranks.rank)
         t1 = time.perf_counter()
         owners = [i for i, play in enumerate(plays) for _ in play.samples]  # each sample's episode
         batch = self._batch(plays, rows, owners)
+        batch.group_ids += self.ranks.rank * len(rows)  # numbered as one process numbers them
         batch.scores = self._scores(plays, rows, owners, batch)
         t2 = time.perf_counter()
         self._check_errors(plays, step)
@@ -236,7 +239,7 @@ class EnvironmentSource:
                 plays.append(play)
         return plays
 
-    def _play(self, plays: list[_Play], step: int, greedy: bool = False) -> float:
+    def _play(self, plays: list[_Play], step: int, greedy: bool = False, rank: int = 0) -> float:
         """Play every episode to its end, a turn at a time; returns the seconds spent generating."""
         config, generate_s, turn = self.config, 0.0, 0
         while active := [play for play in plays if play.active]:
@@ -250,8 +253,8 @@ class EnvironmentSource:
                 top_k=config.sampling.top_k,
                 greedy=greedy,
                 stop_strings=tuple(config.sampling.stop),
-                # from (seed, step, turn): a resumed run plays exactly the same episodes
-                seed=(config.seed * 1_000_003 + step * 1009 + turn * 7919) % 2**62,
+                # from (seed, step, turn, rank): a resumed run plays exactly the same episodes
+                seed=(config.seed * 1_000_003 + step * 1009 + turn * 7919 + rank * 7_919_317) % 2**62,
             )
             t0 = time.perf_counter()
             rollouts = self.engine.generate([play.episode.ids for play in active], sampling)

@@ -22,12 +22,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from posttrain.distributed import world
 from posttrain.errors import PosttrainError
 from posttrain.sources import RolloutSource
-from posttrain.train.rl_batch import RolloutBatch
+from posttrain.train.rl_batch import RolloutBatch, concat
 
 SCHEMA_VERSION = 1
 TEXT_FIELDS = ("prompts", "completions", "columns")
@@ -129,14 +131,20 @@ def check_replay_folder(folder: str | Path, steps: int) -> Path:
 
 
 class RecordingSource:
-    """Wraps a source and writes every batch it hands out to ``folder`` (``record_rollouts``)."""
+    """Wraps a source and writes every batch it hands out to ``folder`` (``record_rollouts``).
+
+    Under torchrun the ranks' shares are recorded as the step's one batch, by rank 0: a
+    recording replays alike in one process or several."""
 
     def __init__(self, inner: RolloutSource, folder: Path) -> None:
-        self.inner, self.folder = inner, Path(folder)
+        self.inner, self.folder, self.ranks = inner, Path(folder), world()
 
     def next_batch(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
         batch, metrics = self.inner.next_batch(step)
-        write_batch(self.folder, step, batch, metrics)
+        whole = concat(self.ranks.gather(batch), pad_id=0)  # a pad under mask 0 is never read
+        step_metrics = self.ranks.reduce_metrics(metrics)
+        if self.ranks.is_main:
+            write_batch(self.folder, step, whole, step_metrics)
         return batch, metrics
 
     def sync_weights(self, version: int) -> None:
@@ -156,13 +164,16 @@ class RecordingSource:
 
 
 class ReplaySource:
-    """The batches of a recorded run, step by step (``rollout.replay``): no engine, no reward."""
+    """The batches of a recorded run, step by step (``rollout.replay``): no engine, no reward.
+    Under torchrun each rank replays its share of each batch's groups (distributed.py)."""
 
     def __init__(self, folder: str | Path) -> None:
-        self.folder = Path(folder)
+        self.folder, self.ranks = Path(folder), world()
 
     def next_batch(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
-        return read_batch(self.folder, step)
+        batch, metrics = read_batch(self.folder, step)
+        mine = torch.tensor(self.ranks.split(batch.group_ids.unique().tolist()), dtype=torch.long)
+        return batch.select(torch.nonzero(torch.isin(batch.group_ids, mine)).flatten()), metrics
 
     def sync_weights(self, version: int) -> None:
         pass  # the batches were sampled already

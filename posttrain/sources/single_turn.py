@@ -5,7 +5,11 @@ Per step it draws ``prompts_per_step`` rows (an epoch-wise shuffle, resumable), 
 rewards and applies what the algorithm asks of the data side: DAPO's dynamic sampling (groups
 whose rewards are all equal are dropped and more prompts drawn, docs/algorithms.md §7.1),
 DAPO's overlong shaping (§7.2) and ReMax's greedy baseline (§2.5: one greedy completion per
-prompt, scored by the same rewards)."""
+prompt, scored by the same rewards).
+
+Under torchrun every rank draws the same ``prompts_per_step`` rows and generates its own share
+of them (whole groups, ``distributed.py``), with group ids numbered as one process would; the
+step's whole batch is assembled in batch preparation."""
 
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from posttrain.algos import group_stats, overlong_reward_penalty
 from posttrain.algos.sampling import dapo_group_filter
 from posttrain.data.lengths import drop_overlong
 from posttrain.data.section import data_source, encode_rows
+from posttrain.distributed import world
 from posttrain.models.chat import prompt_ids as encode_prompt
 from posttrain.rewards import RewardSet
 from posttrain.rewards.combine import combine, reward_applies
@@ -53,6 +58,8 @@ class SingleTurnSource:
         self.prompt_column = config.data.prompt_column
         self.rows, self.prompt_ids = self._prompts_within_context(rows, context_limit)
         self.sampler = EpochSampler(len(self.rows), config.prompts_per_step, config.seed)
+        self.ranks = world()
+        self.prompts_here = config.prompts_per_step // self.ranks.size  # this rank's share of a step's
         # the lowest score seen in the run: a batch whose every score is the best one is "every
         # prompt learned" only if lower scores were ever seen (else the reward may be constant)
         self.lowest_score = math.inf
@@ -125,17 +132,17 @@ class SingleTurnSource:
                 batch = batch.select(torch.nonzero(_groups_with_signal(batch)).flatten())
             kept.append(batch)
             kept_groups += int(batch.group_ids.unique().numel())
-            if kept_groups >= config.prompts_per_step:
+            if kept_groups >= self.prompts_here:
                 break
         batch = concat(kept, self.engine.pad_id)
         if dynamic.enabled:
-            groups = batch.group_ids.unique(sorted=False)[: config.prompts_per_step]
+            groups = batch.group_ids.unique(sorted=False)[: self.prompts_here]
             batch = batch.select(torch.nonzero(torch.isin(batch.group_ids, groups)).flatten())
             metrics["dynamic_sampling/rounds"] = round_index + 1
             metrics["dynamic_sampling/kept_groups"] = float(groups.numel())
-            if groups.numel() < config.prompts_per_step and step % 10 == 1:
+            if groups.numel() < self.prompts_here and step % 10 == 1:
                 self.echo(
-                    f"[warning] step {step}: dynamic sampling kept {groups.numel()} of {config.prompts_per_step} "
+                    f"[warning] step {step}: dynamic sampling kept {groups.numel()} of {self.prompts_here} "
                     f"groups after {rounds} rounds; training on what was kept "
                     "(raise algorithm.dynamic_sampling.max_rounds)"
                 )
@@ -145,7 +152,9 @@ class SingleTurnSource:
         self, step: int, round_index: int, group_offset: int
     ) -> tuple[RolloutBatch, dict[str, float]]:
         config, overlong = self.config, self.config.algorithm.overlong
-        indices = self.sampler.next_batch()
+        # this rank's share of the rows every rank drew; its groups numbered as in one process
+        indices = self.ranks.share(self.sampler.next_batch(), "prompts_per_step")
+        group_offset += self.ranks.rank * len(indices)
         rows = [self.rows[i] for i in indices]
         sampling = SamplingParams(
             n=config.samples_per_prompt,
@@ -154,8 +163,8 @@ class SingleTurnSource:
             top_p=config.sampling.top_p,
             top_k=config.sampling.top_k,
             stop_strings=tuple(config.sampling.stop),
-            # derived from (seed, step, round), so a resumed run samples exactly the same tokens
-            seed=(config.seed * 1_000_003 + step * 1009 + round_index) % 2**62,
+            # derived from (seed, step, round, rank), so a resumed run samples exactly the same tokens
+            seed=(config.seed * 1_000_003 + step * 1009 + round_index + self.ranks.rank * 7_919_317) % 2**62,
         )
         t0 = time.perf_counter()
         rollouts = self.engine.generate([self.prompt_ids[i] for i in indices], sampling)

@@ -24,15 +24,13 @@ from posttrain.devices import DeviceName, Precision, compute_precision, model_de
 from posttrain.distributed import world
 from posttrain.errors import TrainingDiverged  # re-exported: raised here, caught by callers
 from posttrain.memory import return_free_memory
-from posttrain.telemetry import MetricsLogger, Progress, write_failure_report, write_report
+from posttrain.telemetry import MetricsLogger
 from posttrain.train.checkpoint import (
     load_training_state,
     load_weights_into,
-    quiet_progress_bars,
     save_checkpoint,
-    save_final,
 )
-from posttrain.train.run_dir import prepare_run_dir
+from posttrain.train.run_outputs import Silent, finish_run, on_main, ready_run_dir, report_failure, run_sinks
 from posttrain.train.sampler import EpochSampler
 from posttrain.train.schedule import lr_multiplier
 
@@ -153,17 +151,15 @@ def train_offline(
 ) -> list[dict[str, float]]:
     """Train ``objective.model`` on ``examples``; returns the per-step metrics. ``on_step``: see
     :data:`StepHook`; ``show_progress=False`` leaves the console to a caller printing its own lines."""
-    out, ranks = Path(config.output_dir), world()
-    # rank 0 prepares the run folder (distributed.py); every rank resumes from what it found
-    resume_from = ranks.from_main(
-        prepare_run_dir(out, config.resume, config.overwrite, config_yaml) if ranks.is_main else None
-    )
+    out = Path(config.output_dir)
+    # rank 0 prepares the run folder (run_outputs.py); every rank resumes from what it found
+    resume_from = ready_run_dir(out, config.resume, config.overwrite, config_yaml)
     model = objective.model
     parts = _Parts.build(model, len(examples), config)
     start_step = _maybe_resume(config, resume_from, model, parts)
 
     history: list[dict[str, float]] = []
-    logger, progress = _sinks(out, config, start_step, progress_keys, label, show_progress)
+    logger, progress = run_sinks(out, config, start_step, progress_keys, label, show_progress)
     try:
         if evaluate is not None and start_step == 0:
             _log_eval(evaluate, logger, 0)
@@ -172,53 +168,26 @@ def train_offline(
         last_step = config.steps
         for step in range(start_step + 1, config.steps + 1):
             metrics, stop = _step(objective, examples, parts, config, step, started, evaluate, on_step)
-            if logger is not None:
-                logger.log(step, metrics)
+            logger.log(step, metrics)
             history.append({"step": step, **metrics})
-            if progress is not None:
-                progress.update(step, metrics)
+            progress.update(step, metrics)
             last_step = step if stop else last_step
-            if ((config.save_every and step % config.save_every == 0) or step == last_step) and ranks.is_main:
-                _save(out, step, objective, config, config_yaml, parts)
+            if (config.save_every and step % config.save_every == 0) or step == last_step:
+                on_main(lambda step=step: _save(out, step, objective, config, config_yaml, parts))
             if stop:
                 break
         if evaluate is not None:  # the final evaluation, logged with the last step
             final_eval = _log_eval(evaluate, logger, last_step)
             if history:
                 history[-1].update(final_eval)
-        _finish(out, objective, label)
+        finish_run(out, objective.model, objective.tokenizer, f"posttrain {label}: {out.name}")
     except BaseException as error:  # the report shows what was logged up to the failure, and why
-        if ranks.is_main:
-            write_failure_report(out, title=f"posttrain {label}: {out.name}", error=error)
+        report_failure(out, f"posttrain {label}: {out.name}", error)
         raise
     finally:
-        if progress is not None:
-            progress.close()
-        if logger is not None:
-            logger.close()
+        progress.close()
+        logger.close()
     return history
-
-
-def _finish(out: Path, objective: Objective, label: str) -> None:
-    """``final/`` and the report, written by rank 0; no rank leaves before they are."""
-    ranks = world()
-    if ranks.is_main:
-        with quiet_progress_bars():
-            save_final(objective.model, out / "final", objective.tokenizer)
-        write_report(out, title=f"posttrain {label}: {out.name}")
-    ranks.barrier()
-
-
-def _sinks(
-    out: Path, config: LoopConfig, start_step: int, progress_keys: Sequence[str], label: str, show_progress: bool
-) -> tuple[MetricsLogger | None, Progress | None]:
-    """The metrics logger and the progress line: rank 0's alone (distributed.py)."""
-    if not world().is_main:
-        return None, None
-    logger = MetricsLogger.for_run(out, config, start_step)
-    if not show_progress:
-        return logger, None
-    return logger, Progress(config.steps, keys=progress_keys, every=config.log_every, label=label, start=start_step)
 
 
 @dataclass
@@ -263,11 +232,10 @@ def _step(
     return metrics, stop
 
 
-def _log_eval(evaluate: EvalFn, logger: MetricsLogger | None, step: int) -> dict[str, float]:
+def _log_eval(evaluate: EvalFn, logger: MetricsLogger | Silent, step: int) -> dict[str, float]:
     """Run ``evaluate``, log its metrics (``eval/`` prefixed, rank 0) at ``step`` and return them."""
     metrics = {f"eval/{k}": v for k, v in evaluate().items()}
-    if logger is not None:
-        logger.log(step, metrics)
+    logger.log(step, metrics)
     return metrics
 
 

@@ -18,6 +18,11 @@ engine is told the new version after each step (vLLM, which keeps its own copy, 
 new weights then, and its log-probs are compared with the trainer's: rollout/mismatch_kl).
 Rollout, reward and update only exchange tensors and lists
 (:class:`~posttrain.train.rl_batch.RolloutBatch`), so each can move to another process later.
+
+``torchrun --nproc_per_node N -m posttrain rl ...`` runs the same loop in N processes: each
+generates and scores its share of the step's groups (the sources), the shares are gathered in
+batch preparation, each updates with its share of every minibatch and the gradients are summed
+(rl_prepare.py, rl_update.py, distributed.py); rank 0 alone writes the run (run_outputs.py).
 """
 
 from __future__ import annotations
@@ -38,26 +43,18 @@ from posttrain.config import ConfigError, dump_config
 from posttrain.data import DataError
 from posttrain.data.section import check_enough_rows, load_rows
 from posttrain.devices import resolve_device
-from posttrain.distributed import single_process_only
+from posttrain.distributed import join, world
 from posttrain.envs import resolve_environment
 from posttrain.memory import return_free_memory
 from posttrain.models.section import build_model_and_tokenizer, check_model_source
 from posttrain.models.value import value_model_from_policy
 from posttrain.rewards import NamedReward, RewardSet
 from posttrain.rewards.registry import resolve_rewards
-from posttrain.rollout.engine import build_engine
 from posttrain.sources import RolloutSource
-from posttrain.sources.build import build_source, producer_kind
+from posttrain.sources.build import build_source, check_placement, learner_engine, stop_workers
 from posttrain.sources.recorded import check_replay_folder
-from posttrain.telemetry import MetricsLogger, Progress, write_failure_report, write_report
 from posttrain.telemetry.metrics import check_report_to
-from posttrain.train.checkpoint import (
-    load_training_state,
-    load_weights_into,
-    quiet_progress_bars,
-    save_checkpoint,
-    save_final,
-)
+from posttrain.train.checkpoint import load_training_state, load_weights_into, save_checkpoint
 from posttrain.train.rl_batch import RolloutBatch
 from posttrain.train.rl_checks import StepWarnings, preflight_rewards
 from posttrain.train.rl_config import RLRun
@@ -70,7 +67,8 @@ from posttrain.train.rl_prepare import (
     sequence_logprobs,
 )
 from posttrain.train.rl_update import PolicyUpdate
-from posttrain.train.run_dir import prepare_run_dir, start_point
+from posttrain.train.run_dir import start_point
+from posttrain.train.run_outputs import finish_run, on_main, ready_run_dir, report_failure, run_sinks
 
 Echo = Callable[[str], None]
 PROGRESS_KEYS = ("reward/mean", "eval/accuracy", "loss/policy", "kl/ref", "response/length_mean")
@@ -118,7 +116,8 @@ class OnlineRL:
         if model is None:
             model, tokenizer = build_model_and_tokenizer(config.model, config.seed)
         # every model of the run is made from the policy, on its device (devices.py)
-        self.policy, self.tokenizer = model.to(resolve_device(config.device)), tokenizer
+        self.ranks = world()  # one process, or this one's place under torchrun (distributed.py)
+        self.policy, self.tokenizer = model.to(self.ranks.device(resolve_device(config.device))), tokenizer
         self.policy.train()
         self.out = Path(config.output_dir)
 
@@ -126,7 +125,7 @@ class OnlineRL:
         self.reference = self._build_reference() if self.algo.kl.needs_reference else None
         # the value model: the policy's body with a fresh scalar head (models/value.py)
         self.critic = value_model_from_policy(self.policy).train() if self.algo.critic is not None else None
-        self.engine = build_engine(self.policy, tokenizer, kind=config.engine_kind, vllm_options=config.rollout.vllm)
+        self.engine = learner_engine(config, self.policy, tokenizer, echo)
         self.source, self.evaluation = self._build_source(train_rows)
 
         self.kl_controller = build_kl_controller(self.algo.kl)
@@ -210,12 +209,11 @@ class OnlineRL:
         """Train for ``config.steps`` steps (resuming if asked); returns per-step metrics."""
         config = self.config
         config_yaml = dump_config(config)
-        start = self._maybe_resume(prepare_run_dir(self.out, config.resume, config.overwrite, config_yaml, self.echo))
+        start = self._maybe_resume(ready_run_dir(self.out, config.resume, config.overwrite, config_yaml, self.echo))
         if self.data_filter is not None:  # written once the folder is ready (a new run's is emptied)
-            self.data_filter.save(self.out)
+            on_main(lambda: self.data_filter.save(self.out))
         history: list[dict[str, float]] = []
-        logger = MetricsLogger.for_run(self.out, config, start)
-        progress = Progress(config.steps, keys=PROGRESS_KEYS, every=config.log_every, label="rl", start=start)
+        logger, progress = run_sinks(self.out, config, start, PROGRESS_KEYS, "rl")
         self.source.start()  # worker start-up is not charged to the first step's reward time
         try:
             if start == 0 and self.held_out:
@@ -237,16 +235,15 @@ class OnlineRL:
                 logger.log(config.steps, final)
                 if history:
                     history[-1].update(final)
-            with quiet_progress_bars():
-                save_final(self.policy, self.out / "final", self.tokenizer)
-            write_report(self.out, title=f"posttrain rl: {self.out.name}")
+            finish_run(self.out, self.policy, self.tokenizer, f"posttrain rl: {self.out.name}")
         except BaseException as error:  # the report shows what was logged up to the failure, and why
-            write_failure_report(self.out, title=f"posttrain rl: {self.out.name}", error=error)
+            report_failure(self.out, f"posttrain rl: {self.out.name}", error)
             raise
         finally:
             progress.close()
             logger.close()
             self.source.close()
+            stop_workers(self.engine)
         return history
 
     def step(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
@@ -265,6 +262,7 @@ class OnlineRL:
                 self.echo(f"[preflight] {note}")
         t1 = time.perf_counter()
         batch = self.prepare(batch, metrics)
+        metrics = self.ranks.reduce_metrics(metrics)  # the ranks' shares of the rollout as one step's
         t2 = time.perf_counter()
         metrics.update(self.update(batch, step))
         return_free_memory()  # the update's activations, before the next rollout or evaluation allocates
@@ -318,21 +316,24 @@ class OnlineRL:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "kl_coef": self.kl_controller.value,
-            **self.source.state_dict(),
+            # each rank's source (its rewards' running state); the top level is rank 0's
+            **self.ranks.merged_states(self.source.state_dict()),
         }
         if self.running_baseline is not None:
             state["running_baseline"] = self.running_baseline.state_dict()
         if self.critic is not None:
             state["critic"] = self.critic.state_dict()
             state["critic_optimizer"] = self.critic_optimizer.state_dict()
-        save_checkpoint(
-            self.out,
-            step,
-            model=self.policy,
-            tokenizer=self.tokenizer,
-            config_yaml=config_yaml,
-            keep_last=self.config.keep_last,
-            training_state=state,
+        on_main(
+            lambda: save_checkpoint(
+                self.out,
+                step,
+                model=self.policy,
+                tokenizer=self.tokenizer,
+                config_yaml=config_yaml,
+                keep_last=self.config.keep_last,
+                training_state=state,
+            )
         )
 
     def _maybe_resume(self, path: Path | None) -> int:
@@ -346,7 +347,7 @@ class OnlineRL:
         self.kl_controller.value = float(state["kl_coef"])
         if self.running_baseline is not None:
             self.running_baseline.load_state_dict(state["running_baseline"])
-        for name in self.source.load_state_dict(state):
+        for name in self.source.load_state_dict(self.ranks.own_state(state)):
             self.echo(
                 f"[resume] {path} holds no state for {name} (saved by an older posttrain): its "
                 "running statistics start again, so rewards after the resume differ from a straight run"
@@ -363,8 +364,9 @@ def _check_before_loading(config: RLRun, *, model_given: bool) -> None:
     """What a user can get wrong and can be checked before the policy loads (the data and the
     rewards follow, still before it): the run folder and resume point (run_dir.py), the metric
     sinks, the device, the model folder, a recording to replay."""
-    single_process_only("rl")
-    producer_kind(config, resolve_device(config.device))
+    ranks = join(resolve_device(config.device))  # torchrun's process group, when started by it
+    ranks.share(range(config.prompts_per_step), "prompts_per_step")  # whole groups per rank, or refused
+    check_placement(config, ranks.device(resolve_device(config.device)), ranks.size)
     start_point(config.output_dir, config.resume, config.overwrite, dump_config(config))
     check_report_to(config.report_to)
     if not model_given:

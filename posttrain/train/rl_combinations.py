@@ -22,7 +22,7 @@ def combination_problems(config: RLRun) -> list[str]:
     """Every impossible combination of fields, each naming the fields involved."""
     problems = [*_estimator_problems(config), *_kl_problems(config.algorithm.kl), *_batch_problems(config)]
     problems += _loss_problems(config) + _option_problems(config.algorithm) + _reward_problems(config)
-    problems += _env_problems(config) + _async_problems(config)
+    problems += _env_problems(config) + _async_problems(config) + _cluster_problems(config)
     if problem := precision_problem(config.precision, config.model.dtype):
         problems.append(problem)
     if config.model.lora is not None and config.algorithm.critic is not None:
@@ -51,6 +51,24 @@ def _async_problems(config: RLRun) -> list[str]:
             "rollout.max_staleness >= 1 with rollout.engine = 'vllm' is not supported yet (the producer keeps its "
             "own copy of the policy for a local engine): use engine auto, native or transformers, or max_staleness: 0"
         )
+    return problems
+
+
+def _cluster_problems(config: RLRun) -> list[str]:
+    """What the Ray rollout workers (``rollout/ray_engine.py``) do not do."""
+    if config.cluster.kind != "ray":
+        return []
+    problems = []
+    if config.engine_kind == "vllm":
+        problems.append(
+            "cluster.kind = 'ray' runs a local engine in each rollout worker; rollout.engine = 'vllm' is not "
+            "supported there yet: use engine auto, native or transformers"
+        )
+    if config.rollout.interrupt:
+        problems.append("rollout.interrupt needs the producer's own engine; Ray workers finish each generation: "
+                        "set interrupt: false")  # fmt: skip
+    if config.rollout.replay is not None:
+        problems.append("rollout.replay samples nothing (it reads recorded batches): leave cluster.kind: local")
     return problems
 
 

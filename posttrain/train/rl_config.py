@@ -45,6 +45,7 @@ from posttrain.data.section import DataSection
 from posttrain.devices import DeviceName, Precision
 from posttrain.envs.section import EnvSection
 from posttrain.models.section import ModelSection
+from posttrain.rollout.ray_engine import ClusterSection
 from posttrain.rollout.vllm_engine import VLLMOptions
 from posttrain.train.rl_combinations import combination_problems, unknown_choice
 
@@ -311,6 +312,8 @@ class RLRun(Section):
     (same values up to float rounding, about a third of the work with 8 samples per prompt);
     needs a model that takes a transformers DynamicCache (any standard causal LM)."""
     rollout: RolloutSection = Field(default_factory=RolloutSection)
+    cluster: ClusterSection = Field(default_factory=ClusterSection)
+    """Where the rollouts are generated: here (local) or by Ray actors (rollout/ray_engine.py)."""
     """The rollout engine and the engine/trainer log-prob reconciliation."""
     engine: Literal["auto", "native", "transformers", "vllm"] | None = None
     """Shortcut for rollout.engine."""

@@ -1,7 +1,13 @@
 """Batch preparation, the RL step's middle stage: a scored batch from the rollout source gets
 what the update needs — unusable samples dropped, π_old (when the update is off-policy), π_ref,
 the critic's values, token rewards (with the KL penalty where it goes in the reward) and the
-advantages of the run's estimator (docs/algorithms.md §2, §3)."""
+advantages of the run's estimator (docs/algorithms.md §2, §3).
+
+Under torchrun each rank scores its own share of the step's groups and runs the forward passes
+(π_old, π_ref, values) for it; then the shares are gathered (small CPU tensors) and every rank
+computes the rewards, the KL controller's input, the running baseline and the advantages of the
+*whole* batch alike — so batch statistics (REINFORCE++'s and PPO's whitening, the adaptive KL)
+are the one-process ones, and no estimator needs to know about ranks (distributed.py)."""
 
 from __future__ import annotations
 
@@ -22,10 +28,11 @@ from posttrain.algos import (
 from posttrain.algos.mismatch import rollout_mismatch
 from posttrain.algos.registry import EstimatorNeeds
 from posttrain.devices import compute_precision, model_device
+from posttrain.distributed import world
 from posttrain.errors import TrainingDiverged
 from posttrain.models.logprobs import response_logprobs, shared_prompt_logprobs
 from posttrain.rewards import RewardFunctionError
-from posttrain.train.rl_batch import RolloutBatch
+from posttrain.train.rl_batch import RolloutBatch, concat
 from posttrain.train.rl_config import RLRun
 
 
@@ -128,6 +135,7 @@ class BatchPreparer:
         self.kl_controller, self.running_baseline = kl_controller, running_baseline
         self.rewards_weights = rewards_weights
         self.recompute_old_logprobs = recompute_old_logprobs(config)
+        self.ranks = world()
 
     @property
     def estimator_needs(self) -> EstimatorNeeds:
@@ -163,6 +171,9 @@ class BatchPreparer:
             batch.ref_logprobs = self._reference_logprobs(batch)
         if self.critic is not None:
             batch.values = self._values(batch) * batch.response_mask
+        batch = concat(self.ranks.gather(batch), pad_id=0)  # the step's whole batch (a pad under mask 0 is never read)
+        if self.running_baseline is not None:  # after its value was read (_usable): the next step's
+            self.running_baseline.update(batch.scores)
         batch.token_rewards = self._token_rewards(batch, metrics)
         batch.advantages, batch.returns = self._advantages(batch, metrics)
         return batch
@@ -254,10 +265,8 @@ class BatchPreparer:
         return advantages, returns
 
     def _baseline(self, batch: RolloutBatch) -> Tensor | None:
-        if self.algo.baseline == "running_mean":
-            value = self.running_baseline.value
-            self.running_baseline.update(batch.scores)
-            return torch.full_like(batch.scores, value)
+        if self.algo.baseline == "running_mean":  # updated with the whole batch's scores in prepare
+            return torch.full_like(batch.scores, self.running_baseline.value)
         return batch.baseline_scores  # ReMax's greedy decode, scored by the source; None otherwise
 
     def _logprobs(self, model: nn.Module, batch: RolloutBatch) -> Tensor:

@@ -1,7 +1,12 @@
 """The update, the RL step's last stage: ``ppo_epochs`` passes of minibatch steps over a
 prepared batch — micro-batches accumulated, the policy loss of the run's registry entry with
 truncated importance weights, KL and entropy terms, the critic's value loss, gradient clipping —
-and the step's averaged metrics (docs/algorithms.md §4)."""
+and the step's averaged metrics (docs/algorithms.md §4).
+
+Under torchrun every rank holds the step's whole prepared batch and walks the same minibatches;
+each runs the forward and backward passes of its share of a minibatch's groups, with the loss
+normalised by the whole minibatch, and the ranks sum their gradients before the clip and the
+identical optimizer steps (distributed.py) — the one-process update, computed in parts."""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from posttrain.algos import (
 )
 from posttrain.algos.mismatch import rollout_mismatch, truncated_is_weights
 from posttrain.devices import compute_precision, model_device
+from posttrain.distributed import world
 from posttrain.errors import TrainingDiverged
 from posttrain.train.rl_batch import RolloutBatch
 from posttrain.train.rl_config import RLRun
@@ -43,6 +49,7 @@ class PolicyUpdate:
         self.decoupled = POLICY_LOSSES.declares(config.algorithm.policy_loss, "proximal_logprobs")
         self.anchors_on_engine = anchors_on_engine(config)
         self.params = [p for p in policy.parameters() if p.requires_grad]
+        self.ranks = world()
         # zero gradients from the start, not None: AdamW skips a parameter whose gradient is
         # None, so a step that trains no sample (every advantage 0) would move the weights
         # (momentum, weight decay) after an earlier update in this process but not right after
@@ -102,12 +109,10 @@ class PolicyUpdate:
             self.critic_optimizer.zero_grad(set_to_none=True)
         trained = self._samples_with_gradient(minibatch)
         trained_tokens = max(float(trained.loss_mask.sum()), 1.0)
+        active_fraction = len(trained) / max(len(minibatch), 1)
         size = self.config.micro_batch_size or len(minibatch)
-        sums: dict[str, float] = {
-            "train/active_fraction": len(trained) / max(len(minibatch), 1),
-            "loss/total": 0.0,
-            "loss/policy": 0.0,
-        }
+        trained = self._share(trained, minibatch)
+        sums: dict[str, float] = {"loss/total": 0.0, "loss/policy": 0.0}
         for start in range(0, len(trained), size):
             # on the policy's device: its forward, the loss and the backward pass run there (devices.py)
             micro = trained.select(torch.arange(start, min(start + size, len(trained)))).trimmed().to(self.device)
@@ -122,8 +127,16 @@ class PolicyUpdate:
                 # sums-of-means in proportion to each micro-batch's tokens: the minibatch mean
                 weight = 1.0 if key in ("loss/total", "loss/policy", "loss/kl") else share
                 sums[key] = sums.get(key, 0.0) + value * weight
+        sums = self.ranks.reduce_metrics(sums, summed=True)  # each rank's sums are parts of the minibatch's
+        sums["train/active_fraction"] = active_fraction
         sums["policy/grad_norm"] = self._optimizer_step(step)
         return sums
+
+    def _share(self, trained: RolloutBatch, minibatch: RolloutBatch) -> RolloutBatch:
+        """This rank's part of the samples to train: those of its share of the minibatch's groups
+        (an uneven share is fine: the loss is normalised by the whole minibatch)."""
+        mine = torch.tensor(self.ranks.split(minibatch.group_ids.unique().tolist()), dtype=torch.long)
+        return trained.select(torch.nonzero(torch.isin(trained.group_ids, mine)).flatten())
 
     def _micro_backward(self, micro: RolloutBatch, aggregation: dict[str, Any], step: int) -> dict[str, float]:
         """The actor loss of one micro-batch (policy loss, KL, entropy), backpropagated; its metrics."""
@@ -201,6 +214,9 @@ class PolicyUpdate:
     def _optimizer_step(self, step: int) -> float:
         """Clip, step the policy (and critic) optimizers and the schedule; the policy's gradient norm."""
         max_norm = self.config.max_grad_norm or math.inf
+        self.ranks.sum_gradients(self.params)  # the whole minibatch's gradient on every rank
+        if self.critic is not None:
+            self.ranks.sum_gradients(list(self.critic.parameters()))
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
         if not math.isfinite(grad_norm):
             raise TrainingDiverged(f"step {step}: the policy gradient norm is {grad_norm}; lower learning_rate")

@@ -91,12 +91,3 @@ def test_two_ranks_resume_from_rank_0s_checkpoint(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "[resume] step 2" in resumed.stdout
     assert metrics(resumed_dir)[2:] == metrics(tmp_path / "straight")[2:]  # every rank continued exactly
-
-
-def test_rl_under_torchrun_is_refused_before_loading(tmp_path):
-    args = ["rl", *TINY, "data.task=reverse", "data.n_train=16", "data.n_eval=9", "steps=1",
-            f"output_dir={tmp_path / 'rl'}"]  # fmt: skip
-    result = posttrain(args, ranks=2)
-    assert result.returncode != 0
-    assert result.stderr.count("posttrain rl: not a data parallel command yet, and torchrun started 2") == 2
-    assert not (tmp_path / "rl").exists()

@@ -1,0 +1,100 @@
+"""``torchrun --nproc_per_node 2 -m posttrain rl`` on the CPU (gloo): the ranks generate and score
+their shares of each step's groups, gather them for batch preparation, update with their shares
+of every minibatch and sum the gradients — so replaying one process's recorded batches on two
+ranks repeats its losses and gradient norms (within float summation order); the run resumes on
+every rank, the critic's and the reward's state included; rank 0 alone writes the run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.train.test_distributed import posttrain
+
+pytestmark = pytest.mark.slow
+
+RL = ["rl", "model.tiny.layers=1", "model.tiny.hidden=32", "model.tiny.heads=2", "data.task=reverse",
+      "data.n_train=32", "data.n_eval=9", "eval_size=0", "prompts_per_step=4", "samples_per_prompt=4",
+      "max_new_tokens=8", "learning_rate=1e-3", "device=cpu", "report_to=[]", "reward_workers=0",
+      "rewards=[tests.train.test_rl:vowel_share]"]  # fmt: skip
+RUNS = {
+    # two epochs of two minibatches (one group per rank each), micro-batches, the KL in the loss
+    "grpo": [
+        *["ppo_epochs=2", "minibatch_size=8", "micro_batch_size=2"],
+        *["algorithm.kl.placement=loss", "algorithm.kl.estimator=k3", "algorithm.kl.coef=0.05"],
+    ],
+    # a critic, GAE's batch whitening and the adaptive KL controller in the reward: whole-batch statistics
+    "ppo": ["algorithm=ppo", "minibatch_size=8", "algorithm.kl.controller=adaptive"],
+    # REINFORCE++: global batch normalisation of the advantages
+    "reinforce_pp": ["algorithm=reinforce_pp"],
+}
+
+
+def steps(run_dir) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [record for record in map(json.loads, lines) if "policy/grad_norm" in record]
+
+
+@pytest.mark.parametrize("algorithm", sorted(RUNS))
+def test_two_ranks_replaying_a_recording_repeat_the_one_process_run(tmp_path, algorithm):
+    args = [*RL, *RUNS[algorithm], "steps=5"]
+    one = posttrain([*args, "record_rollouts=true", f"output_dir={tmp_path / 'one'}"])
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = posttrain([*args, f"rollout.replay={tmp_path / 'one' / 'rollouts'}", f"output_dir={tmp_path / 'two'}"], 2)
+    assert two.returncode == 0, two.stderr[-3000:]
+
+    single, pair = steps(tmp_path / "one"), steps(tmp_path / "two")
+    assert [r["step"] for r in pair] == [1, 2, 3, 4, 5]  # logged once, by rank 0
+    compared = [key for key in single[0] if key.startswith("loss/")] + ["policy/grad_norm"]
+    assert "loss/policy" in compared and ("loss/value" in compared) == (algorithm == "ppo")
+    for a, b in zip(single, pair, strict=True):
+        for key in compared:
+            assert abs(a[key] - b[key]) < 1e-6, (a["step"], key, a[key], b[key])
+        assert a["advantage/std"] == pytest.approx(b["advantage/std"], abs=1e-6)  # whole-batch statistics
+    assert all(r["policy/grad_norm"] > 1e-3 for r in single)  # it trained (REINFORCE++'s loss is 0 on-policy)
+    final_one = load_file(str(next((tmp_path / "one" / "final").glob("*.safetensors"))))
+    final_two = load_file(str(next((tmp_path / "two" / "final").glob("*.safetensors"))))
+    for name, tensor in final_one.items():
+        torch.testing.assert_close(final_two[name], tensor, atol=1e-5, rtol=0)
+
+
+def test_two_generating_ranks_resume_from_rank_0s_checkpoint(tmp_path):
+    """Each rank samples its own groups (a stream of its own); a resumed two-rank PPO run — a
+    critic, a running-mean-free adaptive KL, the data order — continues the straight one exactly."""
+    args = [*RL, *RUNS["ppo"], "steps=4", "save_every=2", "keep_last=5", "record_rollouts=true"]
+    straight = posttrain([*args, f"output_dir={tmp_path / 'straight'}"], ranks=2)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    recorded = load_file(str(tmp_path / "straight" / "rollouts" / "step-000001.safetensors"))
+    assert recorded["group_ids"].tolist() == [g for g in range(4) for _ in range(4)]  # both shares, in order
+    completions = json.loads((tmp_path / "straight" / "rollouts" / "step-000001.json").read_text())["completions"]
+    assert completions[:8] != completions[8:]  # the ranks sampled different prompts, each its own way
+
+    resumed_dir = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "straight", resumed_dir)
+    shutil.rmtree(resumed_dir / "final")
+    for path in (resumed_dir / "checkpoints").iterdir():
+        if int(path.name.split("-")[1]) > 2:
+            shutil.rmtree(path)
+    lines = (resumed_dir / "metrics.jsonl").read_text().splitlines()
+    (resumed_dir / "metrics.jsonl").write_text("".join(f"{line}\n" for line in lines if json.loads(line)["step"] <= 2))
+    resumed = posttrain([*args, f"output_dir={resumed_dir}", "resume=auto"], ranks=2)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "[resume] step 2" in resumed.stdout
+
+    def trained(run_dir):
+        return [{k: v for k, v in r.items() if k.startswith(("loss/", "policy/", "reward/", "kl/"))}
+                for r in steps(run_dir)]  # fmt: skip
+
+    assert trained(resumed_dir)[2:] == trained(tmp_path / "straight")[2:]
+    assert any(r["loss/value"] > 0 for r in steps(resumed_dir))
+
+
+def test_a_step_the_ranks_cannot_split_into_whole_groups_is_refused_before_loading(tmp_path):
+    result = posttrain([*RL, "prompts_per_step=3", "steps=1", f"output_dir={tmp_path / 'odd'}"], ranks=2)
+    assert result.returncode != 0
+    assert result.stderr.count("posttrain rl: prompts_per_step (3) must be a multiple of the number of processes") == 2
+    assert not (tmp_path / "odd").exists()
