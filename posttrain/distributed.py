@@ -14,6 +14,15 @@ Backends: ``gloo`` on the CPU, ``nccl`` with CUDA (one GPU per rank: ``cuda:LOCA
 Outside torchrun (no ``WORLD_SIZE`` > 1) :func:`world` is a single process and every method here
 does nothing, so the loops call them unconditionally. A command calls :func:`join` once its
 device is known.
+
+``strategy: fsdp2`` (sft, rm, dpo) shards the weights, gradients and optimizer state over the
+ranks with ``fully_shard`` (each transformer block, then the whole model) instead of every rank
+holding them all: the parameters become DTensors, every forward gathers a block's weights and
+every backward reduce-scatters its gradients. The ranks still take equal shares of each step
+(every forward and backward is a collective, so all ranks run the same number of them). A
+checkpoint gathers the full weights and optimizer state to rank 0, which writes them as one
+process would (a plain model folder; the optimizer state keyed by parameter name), and a resume
+hands every rank its shards. In one process ``fsdp2`` has nothing to shard and changes nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +34,8 @@ from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 from posttrain.errors import PosttrainError
 
@@ -129,8 +140,14 @@ class World:
         return {key: float(v) / self.size for key, v in zip(keys, stacked, strict=True)}
 
     def sum_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
-        """Replace each parameter's gradient by its sum over the ranks (one flat all-reduce)."""
+        """Replace each parameter's gradient by its sum over the ranks (one flat all-reduce; a
+        sharded model's backward already reduce-scattered the mean, scaled here to the sum)."""
         if self.size == 1:
+            return
+        if any(isinstance(p, DTensor) for p in params):
+            for param in params:
+                if param.grad is not None:
+                    param.grad.mul_(self.size)
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
@@ -149,6 +166,88 @@ class World:
     def barrier(self) -> None:
         if self.size > 1:
             dist.barrier()
+
+    def shard(self, model: nn.Module, strategy: str) -> nn.Module:
+        """``model`` sharded with FSDP2 over the ranks (``strategy: fsdp2``): every transformer
+        block (the classes the model names in ``_no_split_modules``), then the whole. One process,
+        or ``ddp``: the model as it is."""
+        if self.size == 1 or strategy != "fsdp2":
+            return model
+        from torch.distributed.fsdp import fully_shard
+
+        kind = type(model).__name__
+        blocks = set(getattr(model, "_no_split_modules", None) or ())
+        for module in model.modules():
+            if type(module).__name__ in blocks:
+                fully_shard(module)
+        # then each part of the model a caller may run on its own (a reward model's body and its
+        # head, sequence_scores), unless it shares a weight with another part (tied embeddings)
+        owners: dict[int, set[str]] = {}
+        for name, child in model.named_children():
+            for param in child.parameters():
+                owners.setdefault(id(param), set()).add(name)
+        for name, child in model.named_children():
+            params = list(child.parameters())
+            if params and all(owners[id(param)] == {name} for param in params):
+                fully_shard(child)
+        fully_shard(model)
+        held = sum(param.to_local().numel() for param in model.parameters())
+        total = sum(param.numel() for param in model.parameters())
+        print(f"[fsdp2] {kind} sharded over {self.size} processes: each holds {held:,} of its "
+              f"{total:,} parameters (and their gradients and optimizer state)", flush=True)  # fmt: skip
+        return model
+
+    def full_weights(self, model: nn.Module) -> dict[str, Tensor] | None:
+        """A sharded model's whole weights, on rank 0 (empty elsewhere; every rank calls it);
+        None for a model that is not sharded (save the module itself)."""
+        if not is_sharded(model):
+            return None
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """The optimizer's state to checkpoint: its ``state_dict()``, or for a sharded model the
+        whole state keyed by parameter name, on rank 0 (every rank calls it)."""
+        if not is_sharded(model):
+            return optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return {SHARDED_FORMAT: True, **get_optimizer_state_dict(model, optimizer, options=options)}
+
+    def load_optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        """Restore what :meth:`optimizer_state` saved, into a sharded model's optimizer or not."""
+        saved_sharded = bool(state.get(SHARDED_FORMAT))
+        if saved_sharded != is_sharded(model):
+            raise DistributedError(
+                "this checkpoint was saved with strategy "
+                f"{'fsdp2' if saved_sharded else 'ddp (or one process)'} and is resumed with "
+                f"{'fsdp2' if is_sharded(model) else 'ddp (or one process)'}: resume with the strategy and number "
+                "of processes it was saved with (its final/ or step folder loads as model.path either way)"
+            )
+        if not saved_sharded:
+            optimizer.load_state_dict(state)
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        full = {key: value for key, value in state.items() if key != SHARDED_FORMAT}
+        set_optimizer_state_dict(model, optimizer, full, options=StateDictOptions(full_state_dict=True))
+
+
+SHARDED_FORMAT = "posttrain_fsdp2_full_state"  # marks an optimizer state saved from a sharded model
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether ``model``'s parameters are FSDP2 shards (DTensors)."""
+    return any(isinstance(param, DTensor) for param in model.parameters())
+
+
+def load_full_weights(model: nn.Module, weights: dict[str, Tensor]) -> None:
+    """Hand every rank its shards of ``weights`` (a whole state dict) in a sharded ``model``."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
 
 
 _WORLD: World | None = None

@@ -22,6 +22,8 @@ import sys
 import torch
 from torch import Tensor, nn
 
+from posttrain.distributed import is_sharded
+
 SUPPORTED_TYPES = ("llama", "qwen2")
 
 # the only places a peft module may sit: the attention and MLP projections of a decoder layer
@@ -30,6 +32,8 @@ _PROJECTION_NAME = re.compile(r"model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\
 
 def unsupported_reason(model: nn.Module) -> str | None:
     """Why this decoder cannot run ``model`` exactly as transformers (or peft) would (None when it can)."""
+    if is_sharded(model):  # its weights are FSDP2 shards, gathered by the model's own forward passes
+        return "its parameters are FSDP2 shards (strategy: fsdp2)"
     if is_peft_model(model):
         kinds = sorted({str(getattr(c.peft_type, "value", c.peft_type)) for c in model.peft_config.values()})
         if kinds != ["LORA"]:

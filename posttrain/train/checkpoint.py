@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from posttrain.distributed import is_sharded, load_full_weights
 from posttrain.errors import PosttrainError
 from posttrain.models.loading import quiet_progress_bars
 
@@ -76,11 +77,13 @@ def save_checkpoint(
     training_state: dict[str, Any] | None = None,
     config_yaml: str | None = None,
     keep_last: int | None = None,
+    weights: dict[str, torch.Tensor] | None = None,
 ) -> Checkpoint:
     """Write ``step-<step>`` atomically and return it; then prune to ``keep_last`` checkpoints.
 
     ``training_state`` holds whatever exact resume needs (optimizer / scheduler state dicts,
-    data position, controller states, ...); RNG states are added here.
+    data position, controller states, ...); RNG states are added here. ``weights``: the model's
+    whole state dict when the module holds only shards of it (``distributed.py``, FSDP2).
     """
     root = checkpoint_root(output_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -91,7 +94,7 @@ def save_checkpoint(
     staging.mkdir()
     try:
         with quiet_progress_bars():
-            model.save_pretrained(staging, safe_serialization=True)
+            model.save_pretrained(staging, safe_serialization=True, state_dict=weights)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
         torch.save({"step": step, "rng": capture_rng_state(), **(training_state or {})}, staging / STATE_FILE)
@@ -210,6 +213,13 @@ def load_weights_into(model: Any, path: str | Path) -> None:
     if type(model).__module__.startswith("peft"):
         _load_adapters_into(model, state, path)
         return
+    if is_sharded(model):  # FSDP2: each rank takes its shards of the whole weights
+        untied = sorted({name for name, _ in model.named_parameters()} - set(state))
+        unexpected = sorted(set(state) - set(model.state_dict()))
+        if untied or unexpected:
+            raise CheckpointError(f"{path} does not match the model: missing {untied[:5]}, unexpected {unexpected[:5]}")
+        load_full_weights(model, state)
+        return
     missing, unexpected = model.load_state_dict(state, strict=False)
     loaded_storage = {p.data_ptr() for name, p in model.state_dict().items() if name in state}
     untied = [name for name in missing if model.state_dict()[name].data_ptr() not in loaded_storage]
@@ -269,10 +279,13 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def save_final(model: Any, path: str | Path, tokenizer: Any = None) -> Path:
+def save_final(
+    model: Any, path: str | Path, tokenizer: Any = None, weights: dict[str, torch.Tensor] | None = None
+) -> Path:
     """A run's ``final/`` folder: always a plain Hugging Face model folder (docs/design.md's run
     directory), so the next stage or any tool loads it by path. For a LoRA (peft) model that is
-    the model with its adapters folded in, and the adapters alone go to ``final/adapter/``."""
+    the model with its adapters folded in, and the adapters alone go to ``final/adapter/``.
+    ``weights``: the whole state dict of a model holding shards (FSDP2)."""
     path = Path(path)
     if type(model).__module__.startswith("peft"):
         from posttrain.models.lora import save_merged
@@ -286,7 +299,7 @@ def save_final(model: Any, path: str | Path, tokenizer: Any = None) -> Path:
             save_merged(model, path, tokenizer=tokenizer)
         model.save_pretrained(path / "adapter")
         return path
-    model.save_pretrained(path)
+    model.save_pretrained(path, state_dict=weights)
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
     return path

@@ -68,6 +68,11 @@ class LoopConfig(Section):
     precision: Precision = "fp32"
     """fp32, or bf16: forward passes under bfloat16 autocast over float32 master weights and
     optimizer state, losses in float32 (needs model.dtype: float32)."""
+    strategy: Literal["ddp", "fsdp2"] = "ddp"
+    """Under torchrun: ddp, every process holds the whole model and the gradients are summed;
+    fsdp2, weights, gradients and optimizer state are sharded over the processes (FSDP2's
+    fully_shard per transformer block), for a model whose training state does not fit one device.
+    One process: no difference."""
     output_dir: str = "runs/train"
     """Run directory: config.yaml, metrics.jsonl, checkpoints/, final/, report.html."""
     save_every: int = Field(0, ge=0)
@@ -173,7 +178,7 @@ def train_offline(
             progress.update(step, metrics)
             last_step = step if stop else last_step
             if (config.save_every and step % config.save_every == 0) or step == last_step:
-                on_main(lambda step=step: _save(out, step, objective, config, config_yaml, parts))
+                _save(out, step, objective, config, config_yaml, parts)
             if stop:
                 break
         if evaluate is not None:  # the final evaluation, logged with the last step
@@ -242,15 +247,22 @@ def _log_eval(evaluate: EvalFn, logger: MetricsLogger | Silent, step: int) -> di
 def _save(
     out: Path, step: int, objective: Objective, config: LoopConfig, config_yaml: str | None, parts: _Parts
 ) -> None:
-    """The checkpoint of ``step``: the model, its tokenizer and the optimizer, schedule and data order."""
-    save_checkpoint(
-        out,
-        step,
-        model=objective.model,
-        tokenizer=objective.tokenizer,
-        config_yaml=config_yaml,
-        keep_last=config.keep_last,
-        training_state=parts.state_dicts(),
+    """The checkpoint of ``step``: the model, its tokenizer and the optimizer, schedule and data
+    order, written by rank 0 (a sharded model's whole state gathered first, on every rank)."""
+    ranks, model = world(), objective.model
+    weights, state = ranks.full_weights(model), parts.state_dicts()
+    state["optimizer"] = ranks.optimizer_state(model, parts.optimizer)
+    on_main(
+        lambda: save_checkpoint(
+            out,
+            step,
+            model=model,
+            tokenizer=objective.tokenizer,
+            config_yaml=config_yaml,
+            keep_last=config.keep_last,
+            training_state=state,
+            weights=weights,
+        )
     )
 
 
@@ -340,7 +352,7 @@ def _maybe_resume(config: LoopConfig, path: Path | None, model: nn.Module, parts
         return 0
     load_weights_into(model, path)
     state = load_training_state(path)
-    parts.optimizer.load_state_dict(state["optimizer"])
+    world().load_optimizer_state(model, parts.optimizer, state["optimizer"])
     parts.scheduler.load_state_dict(state["scheduler"])
     parts.sampler.load_state_dict(state["sampler"])
     print(f"[resume] step {state['step']} restored from {path}", flush=True)

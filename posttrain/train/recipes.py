@@ -3,6 +3,7 @@ names, then hand them to the offline loop. Every option is documented once, here
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -138,6 +139,11 @@ def _device(config: LoopConfig) -> torch.device:
     device = resolve_device(config.device)
     ranks = join(device)
     ranks.share(range(config.batch_size))  # refused here, before loading, when it does not divide
+    if config.strategy == "fsdp2" and getattr(getattr(config, "model", None), "lora", None) is not None:
+        raise ConfigError(
+            "strategy = 'fsdp2' with model.lora is not supported yet (the adapters' checkpoints are saved "
+            "from the whole module): use strategy: ddp, whose processes each hold the small LoRA training state"
+        )
     return ranks.device(device)
 
 
@@ -179,7 +185,7 @@ def run_sft(config: SFTRun) -> list[dict[str, float]]:
 
     torch.manual_seed(config.seed)
     model, tokenizer = build_model_and_tokenizer(config.model, config.seed)
-    model = model.to(device)
+    model = world().shard(model.to(device), config.strategy)  # FSDP2 under torchrun (distributed.py)
     objective = SFTObjective(model, tokenizer, packing=config.packing)
     examples = encode_within_context(objective, train_rows, config.data, max_length=config.max_length)
     if config.packing:
@@ -248,6 +254,7 @@ def run_reward_model(config: RewardModelRun) -> list[dict[str, float]]:
     # the adapters go on the scorer (its head then trains in full), not on the policy it copies
     policy, tokenizer = build_model_and_tokenizer(config.model.model_copy(update={"lora": None}), config.seed)
     scorer = with_lora(reward_model_from_policy(policy, tokenizer.pad_token_id), config.model).to(device)
+    scorer = world().shard(scorer, config.strategy)
     del policy
     objective = RewardModelObjective(scorer, tokenizer, center_coef=config.center_coef)
     held_examples = encode_within_context(objective, held_out, config.data, held_out=True)
@@ -280,8 +287,11 @@ def run_dpo(config: DPORun) -> list[dict[str, float]]:
     torch.manual_seed(config.seed)
     model, tokenizer = build_model_and_tokenizer(config.model, config.seed)
     model = model.to(device)  # before the reference copies it
-    reference_context = None
-    if config.model.lora is not None:
+    reference, reference_context = None, None
+    if config.model.lora is None:  # a frozen copy of the initial policy, sharded like it under FSDP2
+        reference = world().shard(copy.deepcopy(model).eval().requires_grad_(False), config.strategy)
+        model = world().shard(model, config.strategy)
+    else:
         from posttrain.models.lora import reference_policy
 
         def reference_context() -> Any:
@@ -293,6 +303,7 @@ def run_dpo(config: DPORun) -> list[dict[str, float]]:
         beta=config.beta,
         loss_type=config.loss_type,
         label_smoothing=config.label_smoothing,
+        reference=reference,
         reference_context=reference_context,
     )
     held_examples = [objective.encode(r) for r in held_out]

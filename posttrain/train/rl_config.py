@@ -312,6 +312,10 @@ class RLRun(Section):
     (same values up to float rounding, about a third of the work with 8 samples per prompt);
     needs a model that takes a transformers DynamicCache (any standard causal LM)."""
     rollout: RolloutSection = Field(default_factory=RolloutSection)
+    strategy: Literal["ddp"] = "ddp"
+    """Under torchrun every process holds the whole policy and the gradients are summed (ddp).
+    fsdp2 (sharded weights) is for sft, rm and dpo: each RL process generates its own prompts,
+    to lengths of their own, where a sharded model needs every process in every forward pass."""
     cluster: ClusterSection = Field(default_factory=ClusterSection)
     """Where the rollouts are generated: here (local) or by Ray actors (rollout/ray_engine.py)."""
     """The rollout engine and the engine/trainer log-prob reconciliation."""

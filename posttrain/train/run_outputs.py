@@ -71,11 +71,13 @@ def on_main(write: Callable[[], None]) -> None:
 
 
 def finish_run(out: Path, model: nn.Module, tokenizer: Any, title: str) -> None:
-    """``final/`` and the report, written by rank 0; no rank leaves before they are."""
+    """``final/`` and the report, written by rank 0; no rank leaves before they are. A sharded
+    model's whole weights are gathered first (every rank takes part)."""
+    weights = world().full_weights(model)
 
     def write() -> None:
         with quiet_progress_bars():
-            save_final(model, out / "final", tokenizer)
+            save_final(model, out / "final", tokenizer, weights=weights)
         write_report(out, title=title)
 
     on_main(write)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -36,6 +37,24 @@ def posttrain(args: list[str], ranks: int = 1, cwd=None) -> subprocess.Completed
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, check=False, timeout=600)
 
 
+def resume_from_step(args: list[str], straight, resumed_dir, step: int) -> subprocess.CompletedProcess:
+    """A copy of the two-rank run ``straight`` as if killed after checkpoint ``step`` (later
+    checkpoints, final/ and later metrics gone), resumed on two ranks with ``resume=auto``."""
+    shutil.copytree(straight, resumed_dir)
+    shutil.rmtree(resumed_dir / "final")
+    for path in (resumed_dir / "checkpoints").iterdir():
+        if int(path.name.split("-")[1]) > step:
+            shutil.rmtree(path)
+    lines = (resumed_dir / "metrics.jsonl").read_text().splitlines()
+    kept = [line for line in lines if json.loads(line)["step"] <= step]
+    (resumed_dir / "metrics.jsonl").write_text("".join(f"{line}\n" for line in kept))
+    return posttrain([*args, f"output_dir={resumed_dir}", "resume=auto"], ranks=2)
+
+
+def final_shape(run_dir, name: str) -> tuple[int, ...]:
+    return tuple(load_file(str(next((run_dir / "final").glob("*.safetensors"))))[name].shape)
+
+
 def metrics(run_dir) -> list[dict]:
     """The logged training steps, without wall times."""
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
@@ -45,22 +64,27 @@ def metrics(run_dir) -> list[dict]:
 
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_two_ranks_equal_one_process_with_the_same_global_batch(tmp_path, command):
+    """Both strategies: ddp (whole model per rank, gradients summed) and fsdp2 (weights,
+    gradients and optimizer state sharded; gloo runs FSDP2 on the CPU)."""
     args = [command, *COMMON, *COMMANDS[command]]
     single = posttrain([*args, f"output_dir={tmp_path / 'single'}"])
     assert single.returncode == 0, single.stderr[-3000:]
-    pair = posttrain([*args, f"output_dir={tmp_path / 'ranks'}"], ranks=2)
-    assert pair.returncode == 0, pair.stderr[-3000:]
-
-    one, two = metrics(tmp_path / "single"), metrics(tmp_path / "ranks")
-    assert [r["step"] for r in two] == [1, 2, 3, 4, 5]  # logged once, by rank 0
-    for a, b in zip(one, two, strict=True):
-        assert abs(a[LOSS[command]] - b[LOSS[command]]) < 1e-6, (a["step"], a[LOSS[command]], b[LOSS[command]])
-        assert abs(a["grad_norm"] - b["grad_norm"]) < 1e-6, (a["step"], a["grad_norm"], b["grad_norm"])
+    one = metrics(tmp_path / "single")
     assert len({round(r[LOSS[command]], 6) for r in one}) > 1  # it trained: the loss moved
     final_one = load_file(str(next((tmp_path / "single" / "final").glob("*.safetensors"))))
-    final_two = load_file(str(next((tmp_path / "ranks" / "final").glob("*.safetensors"))))
-    for name, tensor in final_one.items():
-        torch.testing.assert_close(final_two[name], tensor, atol=1e-5, rtol=0)
+    for strategy in ("ddp", "fsdp2"):
+        pair = posttrain([*args, f"strategy={strategy}", f"output_dir={tmp_path / strategy}"], ranks=2)
+        assert pair.returncode == 0, pair.stderr[-3000:]
+        two = metrics(tmp_path / strategy)
+        assert [r["step"] for r in two] == [1, 2, 3, 4, 5]  # logged once, by rank 0
+        assert ("sharded over 2 processes: each holds" in pair.stdout) == (strategy == "fsdp2")
+        for a, b in zip(one, two, strict=True):
+            assert abs(a[LOSS[command]] - b[LOSS[command]]) < 1e-6, (strategy, a["step"], a[LOSS[command]])
+            assert abs(a["grad_norm"] - b["grad_norm"]) < 1e-6, (strategy, a["step"], a["grad_norm"], b["grad_norm"])
+        final_two = load_file(str(next((tmp_path / strategy / "final").glob("*.safetensors"))))
+        assert final_two.keys() == final_one.keys()  # a plain model folder, whole tensors, from either
+        for name, tensor in final_one.items():
+            torch.testing.assert_close(final_two[name], tensor, atol=1e-5, rtol=0)
 
 
 def test_a_batch_the_ranks_cannot_split_is_refused_before_loading(tmp_path):
@@ -73,21 +97,19 @@ def test_a_batch_the_ranks_cannot_split_is_refused_before_loading(tmp_path):
     assert not (tmp_path / "odd" / "metrics.jsonl").exists()
 
 
-def test_two_ranks_resume_from_rank_0s_checkpoint(tmp_path):
-    import shutil
-
-    args = ["dpo", *COMMON, *COMMANDS["dpo"], "save_every=2", "keep_last=5"]
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_two_ranks_resume_from_rank_0s_checkpoint(tmp_path, strategy):
+    """DPO (a policy and a frozen reference, both sharded under fsdp2): a resumed run continues
+    the straight one exactly; fsdp2's checkpoint holds the whole optimizer state, by name."""
+    args = ["dpo", *COMMON, *COMMANDS["dpo"], "save_every=2", "keep_last=5", f"strategy={strategy}"]
     straight = posttrain([*args, f"output_dir={tmp_path / 'straight'}"], ranks=2)
     assert straight.returncode == 0, straight.stderr[-3000:]
     resumed_dir = tmp_path / "resumed"
-    shutil.copytree(tmp_path / "straight", resumed_dir)
-    shutil.rmtree(resumed_dir / "final")
-    for path in (resumed_dir / "checkpoints").iterdir():
-        if int(path.name.split("-")[1]) > 2:
-            shutil.rmtree(path)
-    lines = (resumed_dir / "metrics.jsonl").read_text().splitlines()
-    (resumed_dir / "metrics.jsonl").write_text("".join(f"{line}\n" for line in lines if json.loads(line)["step"] <= 2))
-    resumed = posttrain([*args, f"output_dir={resumed_dir}", "resume=auto"], ranks=2)
+    resumed = resume_from_step(args, tmp_path / "straight", resumed_dir, 2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "[resume] step 2" in resumed.stdout
     assert metrics(resumed_dir)[2:] == metrics(tmp_path / "straight")[2:]  # every rank continued exactly
+    saved = torch.load(resumed_dir / "checkpoints" / "step-2" / "training_state.pt", weights_only=False)
+    if strategy == "fsdp2":  # gathered to rank 0: the moments of every parameter, whole
+        moments = saved["optimizer"]["state"]["model.embed_tokens.weight"]["exp_avg"]
+        assert moments.shape == final_shape(tmp_path / "straight", "model.embed_tokens.weight")

@@ -7,13 +7,12 @@ every rank, the critic's and the reward's state included; rank 0 alone writes th
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.train.test_distributed import posttrain
+from tests.train.test_distributed import posttrain, resume_from_step
 
 pytestmark = pytest.mark.slow
 
@@ -74,14 +73,7 @@ def test_two_generating_ranks_resume_from_rank_0s_checkpoint(tmp_path):
     assert completions[:8] != completions[8:]  # the ranks sampled different prompts, each its own way
 
     resumed_dir = tmp_path / "resumed"
-    shutil.copytree(tmp_path / "straight", resumed_dir)
-    shutil.rmtree(resumed_dir / "final")
-    for path in (resumed_dir / "checkpoints").iterdir():
-        if int(path.name.split("-")[1]) > 2:
-            shutil.rmtree(path)
-    lines = (resumed_dir / "metrics.jsonl").read_text().splitlines()
-    (resumed_dir / "metrics.jsonl").write_text("".join(f"{line}\n" for line in lines if json.loads(line)["step"] <= 2))
-    resumed = posttrain([*args, f"output_dir={resumed_dir}", "resume=auto"], ranks=2)
+    resumed = resume_from_step(args, tmp_path / "straight", resumed_dir, 2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "[resume] step 2" in resumed.stdout
 
