@@ -113,7 +113,7 @@ class RayEngine:
         self.policy_version, self.failures = 0, 0
         self.started_cluster = not ray.is_initialized()
         if self.started_cluster:
-            _connect(ray, cluster)
+            _connect(ray, cluster, sum(t.numel() * t.element_size() for t in model.state_dict().values()))
         # the policy's structure and first weights, shipped once; restarts build from them
         self.blob = ray.put(copy.deepcopy(model).to("cpu"))
         self.weights: Any = None  # the object-store copy of the newest weights, once sent
@@ -196,8 +196,9 @@ class RayEngine:
                     return None
 
 
-def _connect(ray: Any, cluster: ClusterSection) -> None:
-    """Join ``cluster.address``, or start a local cluster with room for every worker."""
+def _connect(ray: Any, cluster: ClusterSection, model_bytes: int) -> None:
+    """Join ``cluster.address``, or start a local cluster with room for every worker and an
+    object store for the policy's structure and two versions of its weights (and some slack)."""
     quiet = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": False}
     if cluster.address is not None:
         try:
@@ -210,7 +211,8 @@ def _connect(ray: Any, cluster: ClusterSection) -> None:
         return
     cpus = max(os.cpu_count() or 1, cluster.rollout_workers * cluster.worker_threads)
     gpus = torch.cuda.device_count()
-    ray.init(num_cpus=cpus, num_gpus=gpus, object_store_memory=256 << 20, **quiet)
+    store = max(256 << 20, 4 * model_bytes)
+    ray.init(num_cpus=cpus, num_gpus=gpus, object_store_memory=store, **quiet)
 
 
 def _split(items: list[Any], parts: int) -> list[list[Any]]:
