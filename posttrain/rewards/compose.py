@@ -43,7 +43,7 @@ import math
 import threading
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,7 +122,9 @@ class RewardSet:
     ``timeout`` says otherwise (None: wait forever). ``max_failed_fraction``: the share of a
     batch's samples a function may leave unscored before :meth:`score` stops the run, unless
     the reward's own entry says otherwise (1: never). Workers start on the first call and are
-    kept; :meth:`close` (or ``with RewardSet(...) as rewards:``) stops them.
+    kept; :meth:`close` (or ``with RewardSet(...) as rewards:``) stops them. ``pool``: what runs
+    the workers' tasks, built with their number (default :class:`WorkerPool`, processes here;
+    ``rewards/ray_pool.py`` places them on a Ray cluster).
     """
 
     def __init__(
@@ -132,6 +134,7 @@ class RewardSet:
         workers: int | None = None,
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
         max_failed_fraction: float = DEFAULT_MAX_FAILED_FRACTION,
+        pool: Callable[[int], Any] | None = None,
     ) -> None:
         if not rewards:
             raise ValueError("at least one reward function is needed")
@@ -155,6 +158,7 @@ class RewardSet:
             self.modes[reward.name] = self._mode(reward)
         self._pool: WorkerPool | None = None
         self._pool_lock = threading.Lock()
+        self._make_pool = pool or WorkerPool
 
     @property
     def names(self) -> list[str]:
@@ -366,7 +370,7 @@ class RewardSet:
     def _ensure_pool(self) -> WorkerPool:
         with self._pool_lock:
             if self._pool is None:
-                self._pool = WorkerPool(self.workers)
+                self._pool = self._make_pool(self.workers)
             return self._pool
 
 

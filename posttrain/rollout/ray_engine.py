@@ -10,8 +10,8 @@ the shares come back as one :class:`Rollouts`, prompt-major, as one engine would
 them (the learner's new version, as verl and OpenRLHF broadcast after each step; through the
 object store on the CPU and between GPUs alike: an NCCL broadcast group is not built).
 
-The learner is this process (the driver); rewards are scored here too, by ``reward_workers``
-processes. Without ``cluster.address`` a local Ray cluster is started for the run and stopped
+The learner is this process (the driver); the reward functions' pooled calls run as Ray tasks
+(``rewards/ray_pool.py``). Without ``cluster.address`` a local Ray cluster is started for the run and stopped
 at its end; with one (``auto``, ``ray://host:10001``) a running cluster is joined and left
 running. A worker that dies (killed, out of memory, its node lost) is started again with the
 current weights and its share sampled again; after ``cluster.max_worker_failures`` such deaths

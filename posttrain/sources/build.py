@@ -89,6 +89,16 @@ def rollout_engine(
     return build_engine(model, tokenizer, kind=config.engine_kind, vllm_options=config.rollout.vllm, mailbox=mailbox)
 
 
+def reward_pool(config: RLRun) -> Any:
+    """What runs the reward workers' tasks: None (the local worker processes), or with
+    ``cluster.kind: ray`` Ray tasks on the cluster (``rewards/ray_pool.py``)."""
+    if config.cluster.kind != "ray":
+        return None
+    from posttrain.rewards.ray_pool import RayTaskPool
+
+    return RayTaskPool
+
+
 def stop_workers(engine: Any) -> None:
     """At the end of a run, stop the Ray rollout workers of the learner's engine (and a local
     cluster started for them; the asynchronous producer stops its own); a local or vLLM engine

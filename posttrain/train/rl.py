@@ -51,7 +51,7 @@ from posttrain.models.value import value_model_from_policy
 from posttrain.rewards import NamedReward, RewardSet
 from posttrain.rewards.registry import resolve_rewards
 from posttrain.sources import RolloutSource
-from posttrain.sources.build import build_source, check_placement, learner_engine, stop_workers
+from posttrain.sources.build import build_source, check_placement, learner_engine, reward_pool, stop_workers
 from posttrain.sources.recorded import check_replay_folder
 from posttrain.telemetry.metrics import check_report_to
 from posttrain.train.checkpoint import load_training_state, load_weights_into, save_checkpoint
@@ -107,6 +107,7 @@ class OnlineRL:
                 workers=config.reward_workers,
                 timeout_s=config.reward_timeout,
                 max_failed_fraction=config.reward_max_failed_fraction,
+                pool=reward_pool(config),  # worker processes here, or Ray tasks (cluster.kind: ray)
             )
             if named
             else None
