@@ -17,11 +17,14 @@ import math
 import pickle
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from posttrain.rewards.pool import Task, TaskResult, _call
 from posttrain.rollout.ray_engine import import_ray
+
+STALL_CHECK_S = 30.0  # how often a run waiting on its reward tasks checks for a cluster without free CPUs
 
 
 def _run_task(paths: list[str], key: int, fn_bytes: bytes, kwargs: dict[str, Any]) -> bytes:
@@ -43,6 +46,7 @@ class RayTaskPool:
         self.size, self.started = size, 0
         self.ray = import_ray()
         self._remote: Any = None
+        self._warned = False
 
     def start(self) -> None:
         if not self.ray.is_initialized():
@@ -66,8 +70,10 @@ class RayTaskPool:
                 running[ref] = (index, deadline)
                 self.started += 1
             nearest = min(deadline for _, deadline in running.values())
-            wait_s = None if math.isinf(nearest) else max(0.0, nearest - time.perf_counter())
+            wait_s = min(STALL_CHECK_S, max(0.0, nearest - time.perf_counter()))  # inf: the check's period
             done, _ = ray.wait(list(running), num_returns=1, timeout=wait_s)
+            if not done:
+                self._check_stall()
             for ref in done:
                 index, _ = running.pop(ref)
                 results[index] = _result(ray, ref)
@@ -81,6 +87,21 @@ class RayTaskPool:
 
     def close(self) -> None:
         """Nothing to stop: tasks end with their calls; the cluster is the rollout engine's."""
+
+    def _check_stall(self) -> None:
+        """Say so, once, when tasks wait because the cluster has no CPU free for them (the rollout
+        workers reserve theirs): a cluster too small for the run would otherwise just hang."""
+        if self._warned or self.ray.available_resources().get("CPU", 0.0) >= 1:
+            return
+        self._warned = True
+        total = self.ray.cluster_resources().get("CPU", 0.0)
+        warnings.warn(
+            f"reward tasks are waiting for a free CPU on the Ray cluster (all {total:g} are reserved, e.g. by "
+            "the rollout workers): add CPUs to the cluster, lower cluster.rollout_workers or worker_threads, or "
+            "set reward_workers: 0 to score in the learner's threads",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 def _result(ray: Any, ref: Any) -> TaskResult:

@@ -209,7 +209,9 @@ def _connect(ray: Any, cluster: ClusterSection, model_bytes: int) -> None:
                 "with `ray start --head`, or leave cluster.address out to start a local one for the run"
             ) from None
         return
-    cpus = max(os.cpu_count() or 1, cluster.rollout_workers * cluster.worker_threads)
+    # the workers' reserved CPUs on top of the machine's: reward tasks (rewards/ray_pool.py) and
+    # anything else the run places must still find a free one, or they would wait forever
+    cpus = (os.cpu_count() or 1) + cluster.rollout_workers * cluster.worker_threads
     gpus = torch.cuda.device_count()
     store = max(256 << 20, 4 * model_bytes)
     ray.init(num_cpus=cpus, num_gpus=gpus, object_store_memory=store, **quiet)

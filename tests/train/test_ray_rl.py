@@ -61,3 +61,21 @@ def test_without_ray_the_config_is_refused_before_loading_with_the_install_comma
     err = capsys.readouterr().err
     assert "cluster.kind = 'ray' needs Ray, which is not installed: pip install 'posttrain[dist]'" in err
     assert "Traceback" not in err and not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_run_starts_its_own_local_cluster_scores_on_it_and_stops_it(tmp_path):
+    """No cluster.address: the run starts a local cluster with room for the rollout workers and the
+    reward tasks (on a machine whose cores the workers reserve, tasks once waited forever), and
+    stops it at the end."""
+    pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'posttrain[dist]'")
+    import subprocess
+
+    args = ["rl", *TINY, *SMALL, *RAY, "reward_workers=2", "rewards=[tests.train.test_rl:vowel_share]", "steps=2",
+            f"output_dir={tmp_path / 'run'}"]  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "posttrain", *args], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[rl] done" in result.stdout and (tmp_path / "run" / "final").is_dir()
+    assert "reward/vowel_share/failed_fraction" in (tmp_path / "run" / "metrics.jsonl").read_text()
