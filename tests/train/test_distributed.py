@@ -113,3 +113,7 @@ def test_two_ranks_resume_from_rank_0s_checkpoint(tmp_path, strategy):
     if strategy == "fsdp2":  # gathered to rank 0: the moments of every parameter, whole
         moments = saved["optimizer"]["state"]["model.embed_tokens.weight"]["exp_avg"]
         assert moments.shape == final_shape(tmp_path / "straight", "model.embed_tokens.weight")
+        # one process holds no shards: the checkpoint's optimizer state is refused, saying how to go on
+        alone = posttrain([*args, f"output_dir={resumed_dir}", "resume=auto"])
+        assert alone.returncode == 2
+        assert "saved with strategy fsdp2 and is resumed with ddp (or one process)" in alone.stderr
