@@ -15,14 +15,15 @@ Outside torchrun (no ``WORLD_SIZE`` > 1) :func:`world` is a single process and e
 does nothing, so the loops call them unconditionally. A command calls :func:`join` once its
 device is known.
 
-``strategy: fsdp2`` (sft, rm, dpo) shards the weights, gradients and optimizer state over the
-ranks with ``fully_shard`` (each transformer block, then the whole model) instead of every rank
-holding them all: the parameters become DTensors, every forward gathers a block's weights and
+``strategy: fsdp2`` shards the weights, gradients and optimizer state over the ranks with
+``fully_shard`` (each transformer block, then the whole model) instead of every rank holding
+them all: the parameters become DTensors, every forward gathers a block's weights and
 every backward reduce-scatters its gradients. The ranks still take equal shares of each step
 (every forward and backward is a collective, so all ranks run the same number of them). A
 checkpoint gathers the full weights and optimizer state to rank 0, which writes them as one
 process would (a plain model folder; the optimizer state keyed by parameter name), and a resume
 hands every rank its shards. In one process ``fsdp2`` has nothing to shard and changes nothing.
+RL generates with a whole copy of the policy per rank (``rollout/gathered.py``).
 """
 
 from __future__ import annotations
@@ -167,11 +168,11 @@ class World:
         if self.size > 1:
             dist.barrier()
 
-    def shard(self, model: nn.Module, strategy: str) -> nn.Module:
+    def shard(self, model: Any, strategy: str) -> Any:
         """``model`` sharded with FSDP2 over the ranks (``strategy: fsdp2``): every transformer
         block (the classes the model names in ``_no_split_modules``), then the whole. One process,
         or ``ddp``: the model as it is."""
-        if self.size == 1 or strategy != "fsdp2":
+        if self.size == 1 or strategy != "fsdp2" or model is None:
             return model
         from torch.distributed.fsdp import fully_shard
 
@@ -197,14 +198,31 @@ class World:
               f"{total:,} parameters (and their gradients and optimizer state)", flush=True)  # fmt: skip
         return model
 
-    def full_weights(self, model: nn.Module) -> dict[str, Tensor] | None:
-        """A sharded model's whole weights, on rank 0 (empty elsewhere; every rank calls it);
-        None for a model that is not sharded (save the module itself)."""
+    def full_weights(self, model: nn.Module, *, everywhere: bool = False) -> dict[str, Tensor] | None:
+        """A sharded model's whole weights, on rank 0 (empty elsewhere; every rank calls it), or
+        with ``everywhere`` on every rank; None for a model that is not sharded."""
         if not is_sharded(model):
             return None
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        options = StateDictOptions(full_state_dict=True, cpu_offload=not everywhere)
+        return get_model_state_dict(model, options=options)
+
+    def load_weights(self, model: nn.Module, weights: dict[str, Tensor]) -> None:
+        """``model.load_state_dict(weights)``; for a sharded model each rank takes its shards."""
+        if is_sharded(model):
+            load_full_weights(model, weights)
+        else:
+            model.load_state_dict(weights)
+
+    def most(self, count: int) -> int:
+        """The largest ``count`` over the ranks (how many passes each must run when every
+        forward and backward of a sharded model is a collective)."""
+        if self.size == 1:
+            return count
+        value = torch.tensor([count], dtype=torch.long)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return int(value)
 
     def optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """The optimizer's state to checkpoint: its ``state_dict()``, or for a sharded model the
@@ -232,7 +250,15 @@ class World:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         full = {key: value for key, value in state.items() if key != SHARDED_FORMAT}
+        # DCP builds the optimizer's (lazily created) state with a zero step, which it skips when a
+        # parameter already holds a gradient (the RL update zeroes them from the start): not here
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        grads = [p.grad for p in params]
+        for param in params:
+            param.grad = None
         set_optimizer_state_dict(model, optimizer, full, options=StateDictOptions(full_state_dict=True))
+        for param, grad in zip(params, grads, strict=True):
+            param.grad = grad
 
 
 SHARDED_FORMAT = "posttrain_fsdp2_full_state"  # marks an optimizer state saved from a sharded model

@@ -17,6 +17,7 @@ from torch import nn
 from posttrain.config import ConfigError
 from posttrain.data.lengths import context_limit
 from posttrain.devices import model_device
+from posttrain.distributed import world
 from posttrain.rewards import RewardSet
 from posttrain.rollout.engine import build_engine
 from posttrain.rollout.process_engine import ProcessEngine
@@ -52,7 +53,8 @@ def build_source(
     source: RolloutSource
     # held-out rows are evaluated by the policy now, in the learner's thread: greedy completions,
     # or an environment source's own greedy episodes
-    evaluation: Any = HeldOutCompletions(policy, tokenizer, rewards, config)
+    # (with a sharded policy, by the engine's whole copy of it: rollout/gathered.py)
+    evaluation: Any = HeldOutCompletions(getattr(engine, "whole_model", policy), tokenizer, rewards, config)
     if config.rollout.replay is not None:
         source = ReplaySource(config.rollout.replay)
     elif config.rollout.max_staleness:
@@ -74,6 +76,11 @@ def learner_engine(config: RLRun, policy: nn.Module, tokenizer: Any, echo: Calla
     its own (:func:`asynchronous`) and this one, local, only plays evaluation episodes."""
     if config.rollout.max_staleness:
         return build_engine(policy, tokenizer, kind=config.engine_kind, vllm_options=config.rollout.vllm)
+    if config.strategy == "fsdp2" and world().size > 1:  # the policy is sharded next (rl.py)
+        from posttrain.rollout.gathered import GatheredEngine
+        from posttrain.sources.async_producer import rollout_copy
+
+        return GatheredEngine(policy, rollout_copy(policy), tokenizer, config.engine_kind)
     return rollout_engine(config, policy, tokenizer, echo)
 
 

@@ -133,9 +133,10 @@ class OnlineRL:
         self.running_baseline = RunningMeanBaseline() if self.algo.baseline == "running_mean" else None
         self.step_count = 0
         self.warnings = StepWarnings(echo, max_new_tokens=config.max_new_tokens)
-
+        # strategy fsdp2 under torchrun: sharded from here on (the engine generates with a whole copy)
+        models = tuple(self.ranks.shard(m, config.strategy) for m in (self.policy, self.reference, self.critic))
+        self.policy, self.reference, self.critic = models
         # the step's two stages after the source: preparation, then the update
-        models = (self.policy, self.reference, self.critic)
         self.preparer = BatchPreparer(config, *models, self.kl_controller, self.running_baseline, self.rewards_weights)
         self.updater = PolicyUpdate(config, self.policy, self.critic, self.kl_controller)
         # the optimisation state, checkpointed with the run
@@ -313,8 +314,9 @@ class OnlineRL:
         return self.evaluation.evaluate(self.held_out)
 
     def save(self, step: int, config_yaml: str | None = None) -> None:
+        ranks = self.ranks  # a sharded model's whole state is gathered to rank 0 (every rank takes part)
         state: dict[str, Any] = {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": ranks.optimizer_state(self.policy, self.optimizer),
             "scheduler": self.scheduler.state_dict(),
             "kl_coef": self.kl_controller.value,
             # each rank's source (its rewards' running state); the top level is rank 0's
@@ -323,8 +325,10 @@ class OnlineRL:
         if self.running_baseline is not None:
             state["running_baseline"] = self.running_baseline.state_dict()
         if self.critic is not None:
-            state["critic"] = self.critic.state_dict()
-            state["critic_optimizer"] = self.critic_optimizer.state_dict()
+            critic_weights = ranks.full_weights(self.critic)
+            state["critic"] = self.critic.state_dict() if critic_weights is None else critic_weights
+            state["critic_optimizer"] = ranks.optimizer_state(self.critic, self.critic_optimizer)
+        weights = ranks.full_weights(self.policy)
         on_main(
             lambda: save_checkpoint(
                 self.out,
@@ -334,6 +338,7 @@ class OnlineRL:
                 config_yaml=config_yaml,
                 keep_last=self.config.keep_last,
                 training_state=state,
+                weights=weights,
             )
         )
 
@@ -343,7 +348,7 @@ class OnlineRL:
             return 0
         load_weights_into(self.policy, path)
         state = load_training_state(path)
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.ranks.load_optimizer_state(self.policy, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.kl_controller.value = float(state["kl_coef"])
         if self.running_baseline is not None:
@@ -354,8 +359,8 @@ class OnlineRL:
                 "running statistics start again, so rewards after the resume differ from a straight run"
             )
         if self.critic is not None:
-            self.critic.load_state_dict(state["critic"])
-            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+            self.ranks.load_weights(self.critic, state["critic"])
+            self.ranks.load_optimizer_state(self.critic, self.critic_optimizer, state["critic_optimizer"])
         self.source.sync_weights(int(state["step"]))
         self.echo(f"[resume] step {state['step']} restored from {path}")
         return int(state["step"])

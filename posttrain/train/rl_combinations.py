@@ -25,6 +25,8 @@ def combination_problems(config: RLRun) -> list[str]:
     problems += _env_problems(config) + _async_problems(config) + _cluster_problems(config)
     if problem := precision_problem(config.precision, config.model.dtype):
         problems.append(problem)
+    if config.strategy == "fsdp2":
+        problems += _fsdp2_problems(config)
     if config.model.lora is not None and config.algorithm.critic is not None:
         problems.append("model.lora with algorithm.critic is not supported yet: train the critic in full")
     return problems
@@ -52,6 +54,17 @@ def _async_problems(config: RLRun) -> list[str]:
             "own copy of the policy for a local engine): use engine auto, native or transformers, or max_staleness: 0"
         )
     return problems
+
+
+def _fsdp2_problems(config: RLRun) -> list[str]:
+    """What a sharded policy (``strategy: fsdp2``, rollout/gathered.py) does not do yet."""
+    uses = {
+        "model.lora": config.model.lora is not None,
+        "rollout.max_staleness >= 1": config.rollout.max_staleness > 0,
+        "rollout.engine = 'vllm'": config.engine_kind == "vllm",
+    }
+    return [f"strategy = 'fsdp2' with {name} is not supported yet: use strategy: ddp" for name, on in uses.items()
+            if on]  # fmt: skip
 
 
 def _cluster_problems(config: RLRun) -> list[str]:

@@ -312,10 +312,10 @@ class RLRun(Section):
     (same values up to float rounding, about a third of the work with 8 samples per prompt);
     needs a model that takes a transformers DynamicCache (any standard causal LM)."""
     rollout: RolloutSection = Field(default_factory=RolloutSection)
-    strategy: Literal["ddp"] = "ddp"
-    """Under torchrun every process holds the whole policy and the gradients are summed (ddp).
-    fsdp2 (sharded weights) is for sft, rm and dpo: each RL process generates its own prompts,
-    to lengths of their own, where a sharded model needs every process in every forward pass."""
+    strategy: Literal["ddp", "fsdp2"] = "ddp"
+    """Under torchrun: ddp, every process holds the whole policy and the gradients are summed;
+    fsdp2, the policy, reference and critic and their optimizer state are sharded (FSDP2), and
+    each process generates with a whole copy of the policy refreshed after every update."""
     cluster: ClusterSection = Field(default_factory=ClusterSection)
     """Where the rollouts are generated: here (local) or by Ray actors (rollout/ray_engine.py)."""
     """The rollout engine and the engine/trainer log-prob reconciliation."""

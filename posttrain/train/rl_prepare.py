@@ -28,7 +28,7 @@ from posttrain.algos import (
 from posttrain.algos.mismatch import rollout_mismatch
 from posttrain.algos.registry import EstimatorNeeds
 from posttrain.devices import compute_precision, model_device
-from posttrain.distributed import world
+from posttrain.distributed import is_sharded, world
 from posttrain.errors import TrainingDiverged
 from posttrain.models.logprobs import response_logprobs, shared_prompt_logprobs
 from posttrain.rewards import RewardFunctionError
@@ -270,25 +270,32 @@ class BatchPreparer:
         return batch.baseline_scores  # ReMax's greedy decode, scored by the source; None otherwise
 
     def _logprobs(self, model: nn.Module, batch: RolloutBatch) -> Tensor:
+        chunks, real = self._chunks(model, batch)
+        parts = [self.sequence_logprobs(model, chunk)[0] for chunk in chunks]
+        return torch.cat(parts[:real]).cpu()  # the batch stays on the CPU between stages (devices.py)
+
+    def _chunks(self, model: nn.Module, batch: RolloutBatch) -> tuple[list[RolloutBatch], int]:
+        """(chunks of ``micro_batch_size`` samples, how many are real): a sharded model's ranks all
+        run as many forward passes as the busiest (each is a collective), the others repeating
+        their first chunk, whose results are dropped."""
         size = self.config.micro_batch_size or len(batch)
-        parts = [
-            self.sequence_logprobs(model, batch.select(torch.arange(start, min(start + size, len(batch)))))[0]
-            for start in range(0, len(batch), size)
-        ]
-        return torch.cat(parts).cpu()  # the batch stays on the CPU between stages (devices.py)
+        chunks = [batch.select(torch.arange(s, min(s + size, len(batch)))) for s in range(0, len(batch), size)]
+        rounds = self.ranks.most(len(chunks)) if is_sharded(model) else len(chunks)
+        return chunks + [chunks[0]] * (rounds - len(chunks)), len(chunks)
 
     def _values(self, batch: RolloutBatch) -> Tensor:
         """``[B, T]`` critic values of the batch, ``micro_batch_size`` samples per forward pass."""
         from posttrain.models.value import response_values
 
-        size, device = self.config.micro_batch_size or len(batch), model_device(self.critic)
+        device = model_device(self.critic)
         parts = []
-        for start in range(0, len(batch), size):
-            chunk = batch.select(torch.arange(start, min(start + size, len(batch)))).to(device)
+        chunks, real = self._chunks(self.critic, batch)
+        for chunk in chunks:
+            chunk = chunk.to(device)
             with compute_precision(self.config.precision, device):
                 values = response_values(self.critic, chunk.input_ids, chunk.attention_mask, chunk.prompt_ids.shape[1])
             parts.append(values.float().cpu())
-        return torch.cat(parts)
+        return torch.cat(parts[:real])
 
     def _reference_logprobs(self, batch: RolloutBatch) -> Tensor:
         if self.reference is not None:

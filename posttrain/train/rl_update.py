@@ -26,7 +26,7 @@ from posttrain.algos import (
 )
 from posttrain.algos.mismatch import rollout_mismatch, truncated_is_weights
 from posttrain.devices import compute_precision, model_device
-from posttrain.distributed import world
+from posttrain.distributed import is_sharded, world
 from posttrain.errors import TrainingDiverged
 from posttrain.train.rl_batch import RolloutBatch
 from posttrain.train.rl_config import RLRun
@@ -49,7 +49,7 @@ class PolicyUpdate:
         self.decoupled = POLICY_LOSSES.declares(config.algorithm.policy_loss, "proximal_logprobs")
         self.anchors_on_engine = anchors_on_engine(config)
         self.params = [p for p in policy.parameters() if p.requires_grad]
-        self.ranks = world()
+        self.ranks, self.sharded = world(), is_sharded(policy)
         # zero gradients from the start, not None: AdamW skips a parameter whose gradient is
         # None, so a step that trains no sample (every advantage 0) would move the weights
         # (momentum, weight decay) after an earlier update in this process but not right after
@@ -113,7 +113,12 @@ class PolicyUpdate:
         size = self.config.micro_batch_size or len(minibatch)
         trained = self._share(trained, minibatch)
         sums: dict[str, float] = {"loss/total": 0.0, "loss/policy": 0.0}
-        for start in range(0, len(trained), size):
+        starts = list(range(0, len(trained), size))
+        for index in range(self.ranks.most(len(starts)) if self.sharded else len(starts)):
+            if index >= len(starts):  # a sharded model's passes are collectives: join with a zero-weight one
+                self._zero_pass(minibatch.select([0]).trimmed().to(self.device), aggregation, step)
+                continue
+            start = starts[index]
             # on the policy's device: its forward, the loss and the backward pass run there (devices.py)
             micro = trained.select(torch.arange(start, min(start + size, len(trained)))).trimmed().to(self.device)
             share = float(micro.loss_mask.sum()) / trained_tokens
@@ -132,13 +137,22 @@ class PolicyUpdate:
         sums["policy/grad_norm"] = self._optimizer_step(step)
         return sums
 
+    def _zero_pass(self, micro: RolloutBatch, aggregation: dict[str, Any], step: int) -> None:
+        """A forward and backward pass that adds nothing to the gradients (weight 0): what a rank
+        with no samples left runs while the others train, when every pass is a collective."""
+        self._micro_backward(micro, aggregation, step, weight=0.0)
+        if self.critic is not None:
+            self._critic_loss(micro, 0.0)
+
     def _share(self, trained: RolloutBatch, minibatch: RolloutBatch) -> RolloutBatch:
         """This rank's part of the samples to train: those of its share of the minibatch's groups
         (an uneven share is fine: the loss is normalised by the whole minibatch)."""
         mine = torch.tensor(self.ranks.split(minibatch.group_ids.unique().tolist()), dtype=torch.long)
         return trained.select(torch.nonzero(torch.isin(trained.group_ids, mine)).flatten())
 
-    def _micro_backward(self, micro: RolloutBatch, aggregation: dict[str, Any], step: int) -> dict[str, float]:
+    def _micro_backward(
+        self, micro: RolloutBatch, aggregation: dict[str, Any], step: int, weight: float = 1.0
+    ) -> dict[str, float]:
         """The actor loss of one micro-batch (policy loss, KL, entropy), backpropagated; its metrics."""
         config, algo = self.config, self.algo
         logprobs, entropy = self.sequence_logprobs(self.policy, micro, with_entropy=True)
@@ -169,7 +183,7 @@ class PolicyUpdate:
                 f"step {step}: the RL loss is {float(total)}; the last complete checkpoint is kept. Lower "
                 f"learning_rate (now {config.learning_rate:g}) or check the rewards of this batch."
             )
-        total.backward()
+        (total * weight).backward()
         with torch.no_grad():
             metrics = {
                 "loss/total": float(total),

@@ -38,13 +38,18 @@ def steps(run_dir) -> list[dict]:
     return [record for record in map(json.loads, lines) if "policy/grad_norm" in record]
 
 
-@pytest.mark.parametrize("algorithm", sorted(RUNS))
-def test_two_ranks_replaying_a_recording_repeat_the_one_process_run(tmp_path, algorithm):
-    args = [*RL, *RUNS[algorithm], "steps=5"]
+@pytest.mark.parametrize(
+    ("algorithm", "strategy"), [(name, "ddp") for name in sorted(RUNS)] + [("grpo", "fsdp2"), ("ppo", "fsdp2")]
+)
+def test_two_ranks_replaying_a_recording_repeat_the_one_process_run(tmp_path, algorithm, strategy):
+    """ddp, and fsdp2: policy, reference and critic sharded, every pass of theirs a collective."""
+    args = [*RL, *RUNS[algorithm], "steps=5", f"strategy={strategy}"]
     one = posttrain([*args, "record_rollouts=true", f"output_dir={tmp_path / 'one'}"])
     assert one.returncode == 0, one.stderr[-3000:]
     two = posttrain([*args, f"rollout.replay={tmp_path / 'one' / 'rollouts'}", f"output_dir={tmp_path / 'two'}"], 2)
     assert two.returncode == 0, two.stderr[-3000:]
+    sharded = two.stdout.count("sharded over 2 processes")  # the policy, the KL's reference, PPO's critic
+    assert sharded == (0 if strategy == "ddp" else {"grpo": 2, "ppo": 3, "reinforce_pp": 1}[algorithm])
 
     single, pair = steps(tmp_path / "one"), steps(tmp_path / "two")
     assert [r["step"] for r in pair] == [1, 2, 3, 4, 5]  # logged once, by rank 0
@@ -61,10 +66,12 @@ def test_two_ranks_replaying_a_recording_repeat_the_one_process_run(tmp_path, al
         torch.testing.assert_close(final_two[name], tensor, atol=1e-5, rtol=0)
 
 
-def test_two_generating_ranks_resume_from_rank_0s_checkpoint(tmp_path):
-    """Each rank samples its own groups (a stream of its own); a resumed two-rank PPO run — a
-    critic, a running-mean-free adaptive KL, the data order — continues the straight one exactly."""
-    args = [*RL, *RUNS["ppo"], "steps=4", "save_every=2", "keep_last=5", "record_rollouts=true"]
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_two_generating_ranks_resume_from_rank_0s_checkpoint(tmp_path, strategy):
+    """Each rank samples its own groups (a stream of its own; under fsdp2 with a whole copy of the
+    policy gathered after every update); a resumed two-rank PPO run — a critic, the adaptive KL,
+    the data order, sharded optimizer states — continues the straight one exactly."""
+    args = [*RL, *RUNS["ppo"], "steps=4", "save_every=2", "keep_last=5", "record_rollouts=true", f"strategy={strategy}"]
     straight = posttrain([*args, f"output_dir={tmp_path / 'straight'}"], ranks=2)
     assert straight.returncode == 0, straight.stderr[-3000:]
     recorded = load_file(str(tmp_path / "straight" / "rollouts" / "step-000001.safetensors"))

@@ -1,0 +1,43 @@
+"""Generation for a sharded policy (``strategy: fsdp2`` under torchrun).
+
+Each rank of an RL run generates its own prompts, to lengths of their own; a sharded model
+gathers its weights in every forward pass, a collective every rank must join, so it cannot
+decode on one rank alone. :class:`GatheredEngine` decodes with a whole copy of the policy
+instead (made before sharding): after every update each rank gathers the policy's whole weights
+(every rank takes part, at the same point of the loop: ``sync_weights``) and loads them into its
+copy, as verl hands an FSDP actor's weights to its inference engine. The copy costs one whole
+model per rank for generation; training state stays sharded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch import Tensor, nn
+
+from posttrain.distributed import world
+from posttrain.rollout.engine import build_engine
+from posttrain.rollout.types import Rollouts, SamplingParams
+
+
+class GatheredEngine:
+    """A local engine over ``whole`` (a copy of ``policy`` made before sharding) that takes the
+    sharded ``policy``'s gathered weights at every ``update_weights``."""
+
+    def __init__(self, policy: nn.Module, whole: nn.Module, tokenizer: Any, kind: str = "auto") -> None:
+        self.policy, self.whole_model = policy, whole  # the copy also evaluates (sources/build.py)
+        self.engine = build_engine(whole, tokenizer, kind=kind)
+        self.pad_id, self.eos_id = self.engine.pad_id, self.engine.eos_id
+
+    @property
+    def policy_version(self) -> int:
+        return self.engine.policy_version
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> Rollouts:
+        return self.engine.generate(prompts, sampling)
+
+    def update_weights(self, version: int, state_dict: Mapping[str, Tensor] | None = None) -> None:
+        """Gather the policy's whole weights (a collective: every rank calls this) into the copy."""
+        weights = world().full_weights(self.policy, everywhere=True) if state_dict is None else state_dict
+        self.engine.update_weights(version, weights)
