@@ -147,6 +147,8 @@ class PolicyUpdate:
     def _share(self, trained: RolloutBatch, minibatch: RolloutBatch) -> RolloutBatch:
         """This rank's part of the samples to train: those of its share of the minibatch's groups
         (an uneven share is fine: the loss is normalised by the whole minibatch)."""
+        if self.ranks.size == 1:  # every sample: no copy of the minibatch on the update's hot path
+            return trained
         mine = torch.tensor(self.ranks.split(minibatch.group_ids.unique().tolist()), dtype=torch.long)
         return trained.select(torch.nonzero(torch.isin(trained.group_ids, mine)).flatten())
 
