@@ -173,12 +173,15 @@ def sampled_eval(
     batch_size: int = 256,
 ) -> SampledResult:
     """``k`` completions per row's prompt sampled at ``temperature`` (seeded), scored: pass@k and
-    mean@k. ``stop`` ends completions as in :func:`evaluate` and the RL run's ``sampling.stop``."""
+    mean@k. ``stop`` ends completions as in :func:`evaluate` and the RL run's ``sampling.stop``.
+    ``batch_size`` counts sequences, as the greedy pass's does: ``batch_size // k`` prompts (at
+    least one) are generated at once, so the KV cache stays the size the greedy pass's is."""
     prompts = [row["prompt"] for row in rows]
     sampling = SamplingParams(
         n=k, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed, stop_strings=tuple(stop)
     )
-    completions, completion_ids = sample_completions(model, tokenizer, prompts, sampling, batch_size=batch_size)
+    per_batch = max(1, batch_size // k)
+    completions, completion_ids = sample_completions(model, tokenizer, prompts, sampling, batch_size=per_batch)
     extra = [key for key in (rows[0] if rows else {}) if key not in ("prompt", "completion", "completion_ids")]
     columns = {key: [row[key] for row in rows for _ in range(k)] for key in extra}
     prompts = [p for p in prompts for _ in range(k)]

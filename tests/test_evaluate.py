@@ -134,6 +134,37 @@ def test_sampled_eval_gives_pass_and_mean_at_k_with_errors_over_prompts(model, t
     assert result.mean_at_k_stderr == pytest.approx(0.5 / 3**0.5)
 
 
+def test_sampled_eval_batch_size_bounds_the_sequences_in_flight(model, tokenizer, monkeypatch):
+    """k samples of each prompt are sequences of their own: a batch of 256 prompts with k = 4 once
+    held the KV cache of 1024 sequences (10 GiB on SmolLM2 with eval_batch_size 300)."""
+    import posttrain.evaluate as evaluation
+
+    real, in_flight = evaluation.build_engine, []
+
+    def counting(*args, **kwargs):
+        engine = real(*args, **kwargs)
+        generate = engine.generate
+
+        def recorded(chunk, sampling):
+            in_flight.append(len(chunk) * sampling.n)
+            return generate(chunk, sampling)
+
+        engine.generate = recorded
+        return engine
+
+    monkeypatch.setattr(evaluation, "build_engine", counting)
+    rows = make_rows(["sean", "akshitaxy", "joe", "al", "bo"])
+    whole = sampled_eval(model, tokenizer, rows, reverse_reward, k=3, max_new_tokens=4, seed=1, batch_size=100)
+    assert in_flight == [15]
+    in_flight.clear()
+    sampled_eval(model, tokenizer, rows, reverse_reward, k=3, max_new_tokens=4, seed=1, batch_size=7)
+    assert in_flight == [6, 6, 3]  # 2 prompts (6 sequences) per batch, then the last
+    in_flight.clear()
+    sampled_eval(model, tokenizer, rows, reverse_reward, k=3, max_new_tokens=4, seed=1, batch_size=2)
+    assert in_flight == [3] * 5  # never less than one prompt's k samples
+    assert len(whole.scores) == 5
+
+
 def test_standard_errors():
     assert standard_error([1.0, 0.0, 1.0, 0.0]) == pytest.approx((1 / 3) ** 0.5 / 2)
     assert math.isnan(standard_error([1.0]))

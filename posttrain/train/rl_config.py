@@ -338,7 +338,8 @@ class RLRun(Section):
     environment (its resolution rate, turns per resolution and return over every sampled
     episode). 0: greedy only."""
     eval_batch_size: int = Field(256, ge=1)
-    """Held-out prompts generated at once (lower it to bound the KV cache of a large model)."""
+    """Held-out sequences generated at once: prompts in the greedy pass, ``eval_batch_size // eval_k``
+    prompts' samples in the sampled one (lower it to bound the KV cache of a large model)."""
     log_samples: int = Field(4, ge=0)
     """Completions written to samples.jsonl per step."""
     record_rollouts: bool = False

@@ -48,6 +48,7 @@ def evaluate_held_out(
         sampled = sampled_eval(
             policy, tokenizer, rows, score, k=config.eval_k, temperature=config.temperature_value,
             max_new_tokens=config.max_new_tokens, seed=config.seed, stop=config.sampling.stop,
+            batch_size=config.eval_batch_size,
         )  # fmt: skip
         metrics["eval/pass_at_k"], metrics["eval/mean_at_k"] = sampled.pass_at_k, sampled.mean_at_k
     policy.train()
@@ -81,7 +82,7 @@ def filter_by_difficulty(
         result = sampled_eval(
             policy, tokenizer, chosen, _scorer(rewards), k=k, temperature=config.temperature_value,
             max_new_tokens=config.max_new_tokens, seed=config.seed, stop=config.sampling.stop,
-            batch_size=max(config.eval_batch_size // k, 1),
+            batch_size=config.eval_batch_size,
         )  # fmt: skip
         return result.scores
 
