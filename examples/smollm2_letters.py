@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     def train() -> dict[str, str]:
         rl = ["rl", "--config", str(CONFIG), f"model.path={base}", f"output_dir={run / 'grpo'}", f"seed={args.seed}"]
-        if posttrain([*rl, "overwrite=true", *args.rl]) != 0:
+        # eval_k=0: the sampled figures are measured here, before and after, with their errors
+        if posttrain([*rl, "overwrite=true", "eval_k=0", *args.rl]) != 0:
             raise SystemExit("the RL stage failed")
         return {"final": str(run / "grpo" / "final")}
 
