@@ -137,7 +137,16 @@ def _read_rows(
         }
         held_out = read_dataset(section.eval_path, **options) if section.eval_path else []
         return read_dataset(section.path, **options), held_out, None
+    curriculum = getattr(section, "curriculum", None)  # RL's data section alone has one
     try:
+        if curriculum is not None:
+            from posttrain.data.curriculum import curriculum_rows
+
+            def make(options: dict[str, Any]) -> Callable[[int, int, int], Any]:
+                return get_task(section.task, options)
+
+            args = (section.task_options, section.n_train, section.n_eval, seed)
+            return curriculum_rows(make, curriculum, *args)
         task = get_task(section.task, section.task_options)(section.n_train, section.n_eval, seed)
     except (DataError, UnknownNameError) as error:
         sizes = f"data.n_train = {section.n_train}, data.n_eval = {section.n_eval}"

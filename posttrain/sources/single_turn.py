@@ -32,7 +32,7 @@ from posttrain.rewards.combine import combine, reward_applies
 from posttrain.rollout.types import SamplingParams
 from posttrain.train.rl_batch import RolloutBatch, concat, from_rollouts
 from posttrain.train.rl_config import RLRun
-from posttrain.train.sampler import EpochSampler
+from posttrain.train.sampler import build_sampler
 
 Echo = Callable[[str], None]
 
@@ -57,7 +57,7 @@ class SingleTurnSource:
         self.config, self.engine, self.tokenizer, self.rewards, self.echo = config, engine, tokenizer, rewards, echo
         self.prompt_column = config.data.prompt_column
         self.rows, self.prompt_ids = self._prompts_within_context(rows, context_limit)
-        self.sampler = EpochSampler(len(self.rows), config.prompts_per_step, config.seed)
+        self.sampler = build_sampler(self.rows, config.prompts_per_step, config.seed, config.data.curriculum)
         self.ranks = world()
         self.prompts_here = config.prompts_per_step // self.ranks.size  # this rank's share of a step's
         # the lowest score seen in the run: a batch whose every score is the best one is "every
@@ -123,8 +123,9 @@ class SingleTurnSource:
         for round_index in range(rounds):
             batch, round_metrics = self._sample_and_score(step, round_index, group_offset=drawn)
             drawn += config.prompts_per_step
-            if round_index == 0:
+            if round_index == 0:  # the step's draw, before dynamic sampling drops any group
                 metrics.update(round_metrics)
+                metrics.update(self.sampler.observe(batch.scores, self.ranks))
             else:
                 metrics["time/generate_s"] += round_metrics["time/generate_s"]
                 metrics["time/reward_s"] += round_metrics["time/reward_s"]

@@ -43,6 +43,11 @@ def _async_problems(config: RLRun) -> list[str]:
                 "or interrupt: false"
             ]
         return []
+    if config.data.curriculum is not None:
+        problems.append(
+            "data.curriculum advances on the batches the learner trains on; the asynchronous producer samples "
+            "ahead of them: set rollout.max_staleness: 0 with a curriculum"
+        )
     if rollout.replay is not None:
         problems.append(
             "rollout.max_staleness overlaps sampling with training; rollout.replay samples nothing (it reads "
@@ -90,6 +95,8 @@ def _env_problems(config: RLRun) -> list[str]:
     if config.env is None:
         return []
     algo, problems = config.algorithm, []
+    if config.data.curriculum is not None:
+        problems.append("data.curriculum levels single-turn prompts; env episodes have no levels yet: remove it")
     if config.data.filter is not None:
         problems.append(
             "data.filter measures single-turn completions of each prompt; env episodes are not filtered yet: "

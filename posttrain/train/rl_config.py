@@ -41,6 +41,7 @@ from posttrain.config import (
     read_yaml,
     validate_config,
 )
+from posttrain.data.curriculum import CurriculumSection
 from posttrain.data.section import DataSection
 from posttrain.devices import DeviceName, Precision
 from posttrain.envs.section import EnvSection
@@ -243,6 +244,19 @@ class RLDataSection(DataSection):
     """Difficulty filtering before training: sample k completions of every training prompt from
     the starting policy and keep those whose pass rate lies in pass_rate (the rates are written
     to data_filter.json; a resume reads them). null: every prompt."""
+    curriculum: CurriculumSection | None = None
+    """Levels of ``task_options`` of a reasoning_gym task, easiest first: each step draws from the
+    current level, which advances when the batch pass rate stays at ``advance_at`` for ``window``
+    steps; held-out rows come from the last level (posttrain/data/curriculum.py). null: no levels."""
+
+    @model_validator(mode="after")
+    def _curriculum_varies_a_task(self) -> RLDataSection:
+        if self.curriculum is not None and (self.path is not None or not str(self.task).startswith("reasoning_gym:")):
+            raise ValueError(
+                f"data.curriculum varies data.task_options by level: it needs data.task = reasoning_gym:<name> "
+                f"(data.task = {self.task!r}, data.path = {self.path!r})"
+            )
+        return self
 
 
 class RLRun(Section):

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import torch
 
+from posttrain.data.curriculum import LEVEL_COLUMN, CurriculumSection
 from posttrain.data.loading import DataError
 
 
@@ -35,9 +39,68 @@ class EpochSampler:
         self.position += self.batch_size
         return batch
 
+    def observe(self, scores: torch.Tensor, ranks: Any) -> dict[str, float]:
+        """A step's scores, which only a curriculum acts on: no metrics."""
+        return {}
+
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         self._order = self._permutation()
+
+
+class CurriculumSampler:
+    """:class:`EpochSampler`'s interface over the rows of the current level of ``data.curriculum``,
+    which advances as :meth:`observe` sees each step's scores (posttrain/data/curriculum.py)."""
+
+    def __init__(self, levels: Sequence[int], batch_size: int, seed: int, section: CurriculumSection) -> None:
+        self.section = section
+        self.rows_of = [[i for i, level in enumerate(levels) if level == n] for n in range(len(section.levels))]
+        for level, rows in enumerate(self.rows_of):
+            if len(rows) < batch_size:
+                raise DataError(
+                    f"data.curriculum level {level} has {len(rows)} usable rows, fewer than one step's batch "
+                    f"({batch_size}): raise data.n_train or lower prompts_per_step"
+                )
+        self.samplers = [EpochSampler(len(rows), batch_size, seed + n) for n, rows in enumerate(self.rows_of)]
+        self.level = 0
+        self.recent: list[float] = []
+
+    def next_batch(self) -> list[int]:
+        rows = self.rows_of[self.level]
+        return [rows[i] for i in self.samplers[self.level].next_batch()]
+
+    def observe(self, scores: torch.Tensor, ranks: Any) -> dict[str, float]:
+        """Record the share of a step's samples (every rank's: ``ranks`` is the run's
+        :class:`~posttrain.distributed.World`) whose score passed; move to the next level when
+        the window's mean reaches ``advance_at``. The step's ``curriculum/*`` metrics (the level it
+        drew from and its pass rate)."""
+        passed = ranks.sum(float((scores >= self.section.pass_score).sum()))  # NaN (no score) fails
+        pass_rate = passed / max(ranks.sum(float(scores.numel())), 1.0)
+        metrics = {"curriculum/level": float(self.level), "curriculum/pass_rate": pass_rate}
+        self.recent = [*self.recent, pass_rate][-self.section.window :]
+        ready = len(self.recent) == self.section.window and self.level + 1 < len(self.rows_of)
+        if ready and sum(self.recent) / len(self.recent) >= self.section.advance_at:
+            self.level, self.recent = self.level + 1, []
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"level": self.level, "recent": list(self.recent), "levels": [s.state_dict() for s in self.samplers]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "levels" not in state:
+            raise DataError("the checkpoint was saved without data.curriculum; remove it or start a new run")
+        self.level, self.recent = int(state["level"]), [float(r) for r in state["recent"]]
+        for sampler, saved in zip(self.samplers, state["levels"], strict=True):
+            sampler.load_state_dict(saved)
+
+
+def build_sampler(
+    rows: Sequence[dict[str, Any]], batch_size: int, seed: int, curriculum: CurriculumSection | None
+) -> Any:
+    """The RL sources' prompt sampler: a plain epoch order, or the curriculum's."""
+    if curriculum is None:
+        return EpochSampler(len(rows), batch_size, seed)
+    return CurriculumSampler([row[LEVEL_COLUMN] for row in rows], batch_size, seed, curriculum)
