@@ -5,9 +5,11 @@ reasoning-gym families, before any training (issue 22's first step).
 A group-relative method learns from prompts whose samples are sometimes right: a family where the
 model is never right (pass@k ≈ 0) gives GRPO nothing to reinforce, one where greedy is already
 right has nothing left to gain. The widest gap between pass@k and the greedy score is the best
-bet. Prompts go through ``--template`` and the model's chat template, as ``configs/smollm2_*.yaml``
-send them; "greedy score" is the task's own score (partial credit included), pass@k counts a
-fully right answer among k samples at temperature 1.
+bet — unless one answer dominates: "majority" is the share of the commonest reference answer, what
+a policy that always gives it scores (SmolLM2 on letter_counting learned exactly that: every
+answer "1", right 69% of the time). Prompts go through ``--template`` and the model's chat
+template, as ``configs/smollm2_*.yaml`` send them; "greedy score" is the task's own score (partial
+credit included), pass@k counts a fully right answer among k samples at temperature 1.
 
     .venv/bin/python benchmarks/task_candidates.py --model runs/smollm2/base --device cuda   # ~2 min on a GPU
     .venv/bin/python benchmarks/task_candidates.py --model runs/smollm2/base --n 30 --k 4    # ~1 hour on 2 cores
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections import Counter
 
 import torch
 
@@ -66,18 +69,21 @@ def main() -> None:
     model, tokenizer = load_causal_lm(args.model).eval().to(device), load_tokenizer(args.model)
     score = resolve_reward("reasoning_gym").fn
     settings = {"max_new_tokens": args.max_new_tokens, "stop": ["</answer>"], "batch_size": args.batch_size}
-    print(f"| family | options | greedy score | pass@{args.k} | mean@{args.k} score | greedy length | s |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"| family | options | majority | greedy score | pass@{args.k} | mean@{args.k} score | greedy length | s |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, options in CANDIDATES:
         start = time.perf_counter()
         rows = chat_rows(template_rows(generate(name, args.n, 2, options), args.template))
+        majority = Counter(str(row["answer"]) for row in rows).most_common(1)[0][1] / len(rows)
         with torch.inference_mode():
             greedy = evaluate(model, tokenizer, rows, score, **settings)
             sampled = sampled_eval(model, tokenizer, rows, score, k=args.k, seed=0, **settings)
         lengths = [len(tokenizer(s["completion"])["input_ids"]) for s in greedy.samples]
         shown = json.dumps(options) if options else "defaults"
-        print(f"| `{name}` | {shown} | {greedy.accuracy:.2f} | {sampled.pass_at_k:.2f} | {sampled.mean_at_k:.2f} "
-              f"| {sum(lengths) / len(lengths):.0f} | {time.perf_counter() - start:.0f} |", flush=True)  # fmt: skip
+        figures = [majority, greedy.accuracy, sampled.pass_at_k, sampled.mean_at_k]
+        cells = " | ".join(f"{x:.2f}" for x in figures)
+        seconds = time.perf_counter() - start
+        print(f"| `{name}` | {shown} | {cells} | {sum(lengths) / len(lengths):.0f} | {seconds:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

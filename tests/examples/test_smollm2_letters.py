@@ -72,6 +72,9 @@ def test_the_recipe_runs_end_to_end_on_a_local_stand_in(tmp_path, capsys):
     for figures in (summary["shipped"], summary["after_rl"]):
         assert (4 * figures["greedy"]).is_integer() and (16 * figures["mean@4"]).is_integer()  # right answers
         assert set(figures) >= {"greedy_stderr", "mean@4_stderr", "pass@4", "answer_tag", "reworded_greedy"}
+    answers = [row["answer"] for row in example.held_out(1, ["data.n_eval=4", "eval_size=4"])]
+    assert summary["majority_answer_share"] == max(answers.count(a) for a in answers) / 4
+    assert 1 <= summary["after_rl"]["distinct_greedy_answers"] <= 4
     assert summary["greedy_gain"]["gain"] == summary["after_rl"]["greedy"] - summary["shipped"]["greedy"]
     assert len(summary["plain_generate_examples"]) == 3
     assert all(isinstance(text, str) for text in summary["plain_generate_examples"])
@@ -90,4 +93,9 @@ def test_the_recipe_runs_end_to_end_on_a_local_stand_in(tmp_path, capsys):
     capsys.readouterr()
     again = example.main(["--output-dir", str(tmp_path), "--seed", "1", "--rl", *rl])
     assert again["after_rl"] == summary["after_rl"] and (run / "grpo" / "metrics.jsonl").stat().st_mtime_ns == metrics
-    assert capsys.readouterr().out.count("[smollm2] ") == 4
+    out = capsys.readouterr().out
+    stages = [line.split()[1] for line in out.splitlines() if line.startswith("[smollm2] ") and "warning" not in line]
+    assert stages == ["shipped", "rl", "trained", "plain_generate"]
+    # a policy no better than always giving the commonest answer is called out
+    prior = summary["majority_answer_share"] + 2 * summary["after_rl"]["greedy_stderr"]
+    assert ("[smollm2] warning: greedy accuracy after RL" in out) == (summary["after_rl"]["greedy"] <= prior)
