@@ -324,7 +324,8 @@ class RLRun(Section):
     shared_prompt_forward: bool = True
     """Training forward passes encode each prompt once per group instead of once per sample
     (same values up to float rounding, about a third of the work with 8 samples per prompt);
-    needs a model that takes a transformers DynamicCache (any standard causal LM)."""
+    needs a model that takes a transformers DynamicCache (any standard causal LM). A model with
+    ``model.gradient_checkpointing`` trains with the full forward (a checkpointed forward keeps no cache)."""
     rollout: RolloutSection = Field(default_factory=RolloutSection)
     strategy: Literal["ddp", "fsdp2"] = "ddp"
     """Under torchrun: ddp, every process holds the whole policy and the gradients are summed;

@@ -91,7 +91,10 @@ def _sequence_logprobs(
     model: nn.Module, batch: RolloutBatch, config: RLRun, with_entropy: bool
 ) -> tuple[Tensor, Tensor | None]:
     temperature = config.temperature_value
-    if config.shared_prompt_forward:
+    # a checkpointed model in training mode runs without a KV cache (transformers turns use_cache
+    # off), so responses would not see the encoded prompt: it takes the full forward instead
+    checkpointed = model.training and getattr(model, "is_gradient_checkpointing", False)
+    if config.shared_prompt_forward and not checkpointed:
         groups, prompt_index = torch.unique(batch.group_ids, return_inverse=True)
         first = torch.full((groups.numel(),), len(batch), dtype=torch.long, device=groups.device)
         first = first.scatter_reduce(0, prompt_index, torch.arange(len(batch), device=groups.device), "amin")
