@@ -4,6 +4,7 @@ naming the file line it came from for error messages."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -142,11 +143,8 @@ def _read_rows(
         if curriculum is not None:
             from posttrain.data.curriculum import curriculum_rows
 
-            def make(options: dict[str, Any]) -> Callable[[int, int, int], Any]:
-                return get_task(section.task, options)
-
-            args = (section.task_options, section.n_train, section.n_eval, seed)
-            return curriculum_rows(make, curriculum, *args)
+            sizes = (section.n_train, section.n_eval, seed)
+            return curriculum_rows(functools.partial(get_task, section.task), curriculum, section.task_options, *sizes)
         task = get_task(section.task, section.task_options)(section.n_train, section.n_eval, seed)
     except (DataError, UnknownNameError) as error:
         sizes = f"data.n_train = {section.n_train}, data.n_eval = {section.n_eval}"

@@ -99,7 +99,7 @@ class CurriculumSampler:
 
 def build_sampler(
     rows: Sequence[dict[str, Any]], batch_size: int, seed: int, curriculum: CurriculumSection | None
-) -> Any:
+) -> EpochSampler | CurriculumSampler:
     """The RL sources' prompt sampler: a plain epoch order, or the curriculum's."""
     if curriculum is None:
         return EpochSampler(len(rows), batch_size, seed)
