@@ -30,7 +30,27 @@ class YamlLoader(yaml.SafeLoader):
 
     PyYAML follows YAML 1.1, where an exponent needs a dot and a sign, so ``1e-6`` loads as the
     string "1e-6": pydantic converts it for a typed field, but inside a free-form mapping such
-    as ``algorithm.loss_options`` the string reached the loss and failed there mid-run."""
+    as ``algorithm.loss_options`` the string reached the loss and failed there mid-run.
+
+    A key written twice in one mapping is an error: PyYAML keeps the last value silently, so a
+    config with two ``model:`` sections ran with the second alone."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, typing.Hashable):
+                continue  # PyYAML's own check names an unhashable key
+            if key in seen:
+                first, again = seen[key].start_mark.line + 1, key_node.start_mark.line + 1
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"the key {key!r} is written twice (lines {first} and {again}): keep one",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
 
 
 YamlLoader.add_implicit_resolver(

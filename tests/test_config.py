@@ -92,6 +92,18 @@ def test_bad_files(tmp_path, text, expected):
         load_config(ExampleConfig, tmp_path / "missing.yaml")
 
 
+def test_a_key_written_twice_is_an_error_naming_it_and_its_lines(tmp_path):
+    # PyYAML keeps the last of two equal keys silently: a config with `model:` twice lost the first
+    text = "steps: 3\nmodel: a\nlearning_rate: 0.1\nmodel:\n  path: b\n"
+    with pytest.raises(ConfigError, match=r"'model' is written twice \(lines 2 and 4\)"):
+        load_config(ExampleConfig, write(tmp_path, text))
+    nested = "model:\n  path: a\n  path: b\n"
+    with pytest.raises(ConfigError, match=r"'path' is written twice"):
+        load_config(ExampleConfig, write(tmp_path, nested))
+    with pytest.raises(ConfigError, match=r"'a' is written twice"):
+        parse_overrides(["model={a: 1, a: 2}"])
+
+
 def test_override_syntax():
     assert parse_overrides(["a.b.c=1", "a.b.d=[x]", "e="]) == {"a": {"b": {"c": 1, "d": ["x"]}}, "e": None}
     with pytest.raises(ConfigError, match=r"dotted\.key=value"):
