@@ -81,24 +81,23 @@ def right_answers(prompts: list[Any], completions: list[Any], completion_ids: An
     return [float(score is not None and score >= 1.0) for score in scores]
 
 
-DEVICE = "cpu"  # --device: where the measurements and the sampling for the SFT run
-
-
-def _load(model_dir: Path) -> tuple[Any, Any]:
+def _load(model_dir: Path, device: str) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(DEVICE).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
     return model, AutoTokenizer.from_pretrained(model_dir)
 
 
-def measure(model_dir: Path, rows: list[dict], reworded: list[dict], max_new_tokens: int) -> dict[str, float]:
+def measure(
+    model_dir: Path, rows: list[dict], reworded: list[dict], max_new_tokens: int, device: str
+) -> dict[str, float]:
     """Greedy and sampled figures of the model in ``model_dir``, loaded with plain transformers."""
     import torch
 
     from posttrain.evaluate import evaluate, sampled_eval
 
-    model, tokenizer = _load(model_dir)
+    model, tokenizer = _load(model_dir, device)
     settings = {"max_new_tokens": max_new_tokens, "stop": ["</answer>"], "batch_size": 128}
     with torch.inference_mode():
         greedy = evaluate(model, tokenizer, rows, right_answers, **settings)
@@ -138,7 +137,7 @@ def self_distill(model_dir: Path, config: Path, args: argparse.Namespace, out_fi
     raw = load_rows(run.data.model_copy(update={"prompt_template": None, "chat_template": False}), run.seed)[0]
     every = max(1, len(templated) // args.distill_prompts)
     picked = list(range(0, len(templated), every))[: args.distill_prompts]
-    model, tokenizer = _load(model_dir)
+    model, tokenizer = _load(model_dir, args.device)
     sampling = SamplingParams(n=args.distill_k, temperature=args.distill_temperature, max_new_tokens=run.max_new_tokens,
                               seed=args.seed, stop_strings=("</answer>",))  # fmt: skip
     with torch.inference_mode():
@@ -166,9 +165,9 @@ def sft_rows(problem: dict[str, Any], samples: list[str], right: list[float], ke
             for text in sorted(reasoning, key=lambda t: (len(t), t))[:keep]]  # fmt: skip
 
 
-def plain_generate(model_dir: Path, rows: list[dict], n: int = 8, max_new_tokens: int = 128) -> list[str]:
+def plain_generate(model_dir: Path, rows: list[dict], device: str, n: int = 8, max_new_tokens: int = 128) -> list[str]:
     """``n`` greedy answers of ``final/`` through transformers alone: chat template, ``generate``."""
-    model, tokenizer = _load(model_dir)
+    model, tokenizer = _load(model_dir, device)
     answers = []
     for row in rows[:n]:
         ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, return_tensors="pt")
@@ -215,9 +214,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    global DEVICE
     args = parse_args(argv)
-    DEVICE, on_device = args.device, [f"device={args.device}"]
+    on_device = [f"device={args.device}"]
     out, base = Path(args.output_dir), Path(args.output_dir) / "base"
     run = out / f"{args.config.stem.removeprefix('smollm2_')}-{args.seed}"
     ledger = run / "stages.json"
@@ -237,7 +235,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     data = [a for a in args.rl if a.startswith(("data.", "eval_size", "max_new_tokens"))]
     rows, reworded = held_out(args.config, args.seed, data), held_out(args.config, args.seed, data, args.reworded)
     length = next((int(a.split("=")[1]) for a in args.rl if a.startswith("max_new_tokens=")), 128)
-    shipped = stage("shipped", lambda: measure(base, rows, reworded, length))
+    shipped = stage("shipped", lambda: measure(base, rows, reworded, length, args.device))
     start, after_sft = base, None
     if not args.no_sft:
         rows_file = run / "self_distilled.jsonl"
@@ -252,7 +250,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             return {"final": str(run / "sft" / "final")}
 
         start = Path(stage("sft", sft)["final"])
-        after_sft = stage("after_sft", lambda: measure(start, rows, reworded, length))
+        after_sft = stage("after_sft", lambda: measure(start, rows, reworded, length, args.device))
 
     def train() -> dict[str, str]:
         rl = ["rl", "--config", str(args.config), f"model.path={start}", f"output_dir={run / 'grpo'}"]
@@ -262,8 +260,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return {"final": str(run / "grpo" / "final")}
 
     final = Path(stage("rl", train)["final"])
-    trained = stage("trained", lambda: measure(final, rows, reworded, length))
-    answers = stage("plain_generate", lambda: plain_generate(final, rows, max_new_tokens=length))
+    trained = stage("trained", lambda: measure(final, rows, reworded, length, args.device))
+    answers = stage("plain_generate", lambda: plain_generate(final, rows, args.device, max_new_tokens=length))
     summary = summarize(done, rows, shipped, after_sft, trained, answers)
     (run / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     figure = plot(run / "grpo")
