@@ -35,6 +35,19 @@ def test_rows_are_deterministic_and_held_out_problems_never_train(name):
     assert entry["question"] == data.train[0]["prompt"] and str(entry["answer"]) == data.train[0]["answer"]
 
 
+def test_run_seeds_draw_different_problems():
+    # reasoning-gym seeds item i of a dataset with Random(seed + i): datasets of nearby seeds are
+    # shifted copies, so run seeds 0 and 1 (generator seeds 1, 2 and 3, 4) shared 298 of 300
+    # held-out problems and nearly every training problem
+    task = get_task("reasoning_gym:basic_arithmetic", {"max_terms": 3, "max_digits": 2})
+    runs = [task(300, 300, seed) for seed in (0, 1, 2)]
+    for a, b in [(0, 1), (0, 2), (1, 2)]:
+        for split in ("train", "held_out"):
+            shared = {r["prompt"] for r in getattr(runs[a], split)} & {r["prompt"] for r in getattr(runs[b], split)}
+            assert len(shared) <= 15, (a, b, split, len(shared))  # chance repeats of easy problems only
+    assert len(set(seeds(0) + seeds(1) + seeds(2))) == 6 and all(0 <= s < 2**31 for s in seeds(123))
+
+
 @pytest.mark.parametrize("name", TASKS)
 def test_the_tasks_scorer_reads_answers_like_the_math_reward(name):
     rows = get_task(f"reasoning_gym:{name}")(0, 6, 3).held_out

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -41,8 +42,15 @@ def require_reasoning_gym() -> Any:
 
 
 def seeds(seed: int) -> tuple[int, int]:
-    """(training seed, held-out seed): distinct for every run seed."""
-    return 2 * seed + 1, 2 * seed + 2
+    """(training seed, held-out seed) of run ``seed``: two generator seeds drawn from a hash of it.
+
+    reasoning-gym seeds item i of a dataset with ``Random(seed + i)``, so datasets of nearby
+    seeds are shifted copies of each other: with seeds ``2s+1`` and ``2s+2`` run seeds 0 and 1
+    shared 298 of 300 held-out problems. Seeds spread over [0, 2**31) keep every run's and
+    split's item seeds apart (and below 2**32, which numpy-seeded tasks need); a chance overlap
+    of the training and held-out items is still removed by :func:`make_task`."""
+    draw = random.Random(f"posttrain:reasoning_gym:{seed}")  # a str seed hashes the same in every process
+    return draw.randrange(2**31), draw.randrange(2**31)
 
 
 def entry_row(entry: Mapping[str, Any]) -> dict[str, Any]:
