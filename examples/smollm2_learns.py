@@ -220,6 +220,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     run = out / f"{args.config.stem.removeprefix('smollm2_')}-{args.seed}"
     ledger = run / "stages.json"
     done: dict[str, Any] = {} if args.fresh or not ledger.exists() else json.loads(ledger.read_text())
+    smollm2_folder(base)
+    data = [a for a in args.rl if a.startswith(("data.", "eval_size", "max_new_tokens"))]
+    rows, reworded = held_out(args.config, args.seed, data), held_out(args.config, args.seed, data, args.reworded)
+    settings = fingerprint(args, rows)
+    if done and done.get("settings", {}).get("result") != settings:
+        raise SystemExit(f"{ledger} was written for other settings or other problems (config, options, seeds): "
+                         "rerun with --fresh to redo every stage, or choose another --output-dir")  # fmt: skip
 
     def stage(name: str, work: Any) -> Any:
         if name not in done:
@@ -231,9 +238,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"[smollm2] {name} ({done[name]['s']:.0f} s): {json.dumps(done[name]['result'])}", flush=True)
         return done[name]["result"]
 
-    smollm2_folder(base)
-    data = [a for a in args.rl if a.startswith(("data.", "eval_size", "max_new_tokens"))]
-    rows, reworded = held_out(args.config, args.seed, data), held_out(args.config, args.seed, data, args.reworded)
+    stage("settings", lambda: settings)
     length = next((int(a.split("=")[1]) for a in args.rl if a.startswith("max_new_tokens=")), 128)
     shipped = stage("shipped", lambda: measure(base, rows, reworded, length, args.device))
     start, after_sft = base, None
@@ -269,6 +274,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                  figures=[figure.name], summary={k: json.dumps(v) for k, v in summary.items()})  # fmt: skip
     print(json.dumps(summary, indent=2, ensure_ascii=False))
     return summary
+
+
+def fingerprint(args: argparse.Namespace, rows: list[dict]) -> str:
+    """What the finished stages depend on: the configs' text, the options and the held-out problems
+    (which change with the code that draws them). A ledger with another fingerprint is not reused."""
+    import hashlib
+
+    options = {k: str(v) for k, v in vars(args).items() if k not in ("fresh", "output_dir")}
+    configs = [args.config] if args.no_sft else [args.config, args.sft_config]
+    parts = [json.dumps(options, sort_keys=True), *(c.read_text() for c in configs), json.dumps(rows, default=str)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 def summarize(

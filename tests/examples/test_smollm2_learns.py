@@ -102,7 +102,16 @@ def test_the_arithmetic_recipe_distills_right_samples_then_runs_grpo(tmp_path, c
     summary = example.main([*argv, "--rl", *SMALL_RL, "--sft", *sft])
     run = tmp_path / "arithmetic-1"
     stages = json.loads((run / "stages.json").read_text())
-    assert list(stages) == ["shipped", "self_distill", "sft", "after_sft", "rl", "trained", "plain_generate"]
+    assert list(stages) == [
+        "settings",
+        "shipped",
+        "self_distill",
+        "sft",
+        "after_sft",
+        "rl",
+        "trained",
+        "plain_generate",
+    ]
     # the SFT rows: each a right sample of the model's own, wrapped in the trained format
     distilled = stages["self_distill"]["result"]
     rows = [json.loads(line) for line in (run / "self_distilled.jsonl").read_text().splitlines()]
@@ -154,7 +163,11 @@ def test_the_letters_recipe_without_sft_runs_end_to_end(tmp_path, capsys):
     assert again["after_rl"] == summary["after_rl"] and (run / "grpo" / "metrics.jsonl").stat().st_mtime_ns == metrics
     out = capsys.readouterr().out
     stages = [line.split()[1] for line in out.splitlines() if line.startswith("[smollm2] ") and "warning" not in line]
-    assert stages == ["shipped", "rl", "trained", "plain_generate"]
+    assert stages == ["settings", "shipped", "rl", "trained", "plain_generate"]
+    # a ledger written for other settings is refused, not reused; --fresh redoes it
+    with pytest.raises(SystemExit, match="other settings or other problems"):
+        example.main([*argv, "--reworded", "{prompt}\nAnswer in <answer> </answer>."])
+    assert (run / "grpo" / "metrics.jsonl").stat().st_mtime_ns == metrics
     # a policy no better than always giving the commonest answer is called out
     prior = summary["majority_answer_share"] + 2 * summary["after_rl"]["greedy_stderr"]
     assert ("[smollm2] warning: greedy accuracy after RL" in out) == (summary["after_rl"]["greedy"] <= prior)
