@@ -143,12 +143,12 @@ def self_distill(model_dir: Path, config: Path, args: argparse.Namespace, out_fi
     with torch.inference_mode():
         texts, _ = sample_completions(model, tokenizer, [templated[i]["prompt"] for i in picked], sampling,
                                         batch_size=max(1, 128 // args.distill_k))  # fmt: skip
+    k = args.distill_k
+    columns = {key: [templated[i][key] for i in picked for _ in range(k)] for key in templated[0] if key != "prompt"}
+    right = right_answers([templated[i]["prompt"] for i in picked for _ in range(k)], texts, None, **columns)
     kept: list[dict[str, str]] = []
-    for n, i in enumerate(picked):
-        group = texts[n * args.distill_k : (n + 1) * args.distill_k]
-        columns = {key: [value] * len(group) for key, value in templated[i].items() if key != "prompt"}
-        right = right_answers([templated[i]["prompt"]] * len(group), group, None, **columns)
-        kept += sft_rows(raw[i], group, right, args.distill_keep)
+    for n, i in enumerate(picked):  # one right_answers call above scored every problem's samples
+        kept += sft_rows(raw[i], texts[n * k : (n + 1) * k], right[n * k : (n + 1) * k], args.distill_keep)
     if not kept:
         raise SystemExit(f"no right sample among {len(texts)}: nothing to distill")
     out_file.parent.mkdir(parents=True, exist_ok=True)
