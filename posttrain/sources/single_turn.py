@@ -119,11 +119,12 @@ class SingleTurnSource:
         rounds = dynamic.max_rounds if dynamic.enabled else 1
         kept: list[RolloutBatch] = []
         kept_groups, metrics = 0, {"time/generate_s": 0.0, "time/reward_s": 0.0}
-        drawn = 0
+        drawn, draw = 0, None
         for round_index in range(rounds):
             batch, round_metrics = self._sample_and_score(step, round_index, group_offset=drawn)
             drawn += config.prompts_per_step
             if round_index == 0:  # the step's draw, before dynamic sampling drops any group
+                draw = batch
                 metrics.update(round_metrics)
                 metrics.update(self.sampler.observe(batch.scores, self.ranks))
             else:
@@ -138,13 +139,15 @@ class SingleTurnSource:
         batch = concat(kept, self.engine.pad_id)
         if dynamic.enabled:
             groups = batch.group_ids.unique(sorted=False)[: self.prompts_here]
-            batch = batch.select(torch.nonzero(torch.isin(batch.group_ids, groups)).flatten())
+            # none kept: the step trains on its draw as without dynamic sampling, whose advantages
+            # are all 0 (a step that trains no sample), rather than on an empty batch
+            batch = batch.select(torch.nonzero(torch.isin(batch.group_ids, groups)).flatten()) if len(groups) else draw
             metrics["dynamic_sampling/rounds"] = round_index + 1
             metrics["dynamic_sampling/kept_groups"] = float(groups.numel())
             if groups.numel() < self.prompts_here and step % 10 == 1:
                 self.echo(
                     f"[warning] step {step}: dynamic sampling kept {groups.numel()} of {self.prompts_here} "
-                    f"groups after {rounds} rounds; training on what was kept "
+                    f"groups after {rounds} rounds; training on {'what was kept' if len(groups) else 'the first draw'} "
                     "(raise algorithm.dynamic_sampling.max_rounds)"
                 )
         return batch, metrics

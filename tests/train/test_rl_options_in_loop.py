@@ -131,3 +131,15 @@ def test_truncated_importance_weights_correct_a_real_engine_trainer_mismatch(tmp
     # the same samples and advantages, weighted: the loss moves
     assert metrics["reward/mean"] == plain[0]["reward/mean"]
     assert not math.isclose(metrics["loss/policy"], plain[0]["loss/policy"], rel_tol=1e-6)
+
+
+def test_dynamic_sampling_that_keeps_no_group_trains_the_step_on_nothing_and_goes_on(tmp_path):
+    # every group flat in every round: DAPO's filter keeps none; the step is one that trains no
+    # sample (every advantage 0), as without dynamic sampling, instead of an empty batch that the
+    # run read as "no sample has a reward" and stopped on
+    overrides = ["steps=2", "preflight=false", "algorithm=dapo", "algorithm.overlong.enabled=false"]
+    history, lines, _ = train(tmp_path, "none_kept", overrides, rewards=(constant,))
+    assert [m["step"] for m in history] == [1, 2]
+    assert [m["dynamic_sampling/kept_groups"] for m in history] == [0.0, 0.0]
+    assert all(m["advantage/abs_max"] == 0.0 and m["reward/mean"] == 0.5 for m in history)
+    assert [line for line in lines if "dynamic sampling kept 0 of" in line]
