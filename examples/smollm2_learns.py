@@ -22,7 +22,8 @@ commonest answer and warns when it does not beat it.)
    so RL's own share of the gain is known.
 4. **GRPO with LoRA** (``configs/smollm2_arithmetic.yaml``) from the SFT model, over a curriculum of
    difficulty levels: answer score (the task's own check) + think/answer format, KL in the loss
-   against the adapters-off model (the SFT model).
+   against the adapters-off model (the SFT model), and DAPO's dynamic sampling (a group whose
+   samples all score alike teaches nothing: more prompts are drawn until 8 groups differ).
 5. **Measure ``final/``** the same way, loaded with plain ``transformers``, and let plain
    ``model.generate`` answer a few problems (``final/`` must answer in the trained format outside
    posttrain too).
