@@ -99,7 +99,10 @@ class StepWarnings:
         zero = metrics.get("reward/zero_variance_group_fraction", 0.0)
         # groups that all reached the best reward are prompts the policy has learned: success
         learned = metrics.get("reward/zero_variance_at_max_fraction", 0.0) >= self.LEARNED_SHARE
-        if group_estimator and zero > self.ZERO_VARIANCE_SHARE and not learned:
+        # with dynamic sampling on, the draw's flat groups were replaced; the source warns itself
+        # when too few groups with signal were found ("raise algorithm.dynamic_sampling.max_rounds")
+        resampled = "dynamic_sampling/kept_groups" in metrics
+        if group_estimator and zero > self.ZERO_VARIANCE_SHARE and not learned and not resampled:
             self._warn(
                 "zero_variance",
                 step,

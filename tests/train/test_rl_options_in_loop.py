@@ -143,3 +143,5 @@ def test_dynamic_sampling_that_keeps_no_group_trains_the_step_on_nothing_and_goe
     assert [m["dynamic_sampling/kept_groups"] for m in history] == [0.0, 0.0]
     assert all(m["advantage/abs_max"] == 0.0 and m["reward/mean"] == 0.5 for m in history)
     assert [line for line in lines if "dynamic sampling kept 0 of" in line]
+    # the flat-groups warning's advice is to enable dynamic sampling: not given when it is on
+    assert not [line for line in lines if "gave all their samples the same reward" in line]
