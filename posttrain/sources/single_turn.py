@@ -139,15 +139,16 @@ class SingleTurnSource:
         batch = concat(kept, self.engine.pad_id)
         if dynamic.enabled:
             groups = batch.group_ids.unique(sorted=False)[: self.prompts_here]
+            none_kept = groups.numel() == 0
             # none kept: the step trains on its draw as without dynamic sampling, whose advantages
             # are all 0 (a step that trains no sample), rather than on an empty batch
-            batch = batch.select(torch.nonzero(torch.isin(batch.group_ids, groups)).flatten()) if len(groups) else draw
+            batch = draw if none_kept else batch.select(torch.nonzero(torch.isin(batch.group_ids, groups)).flatten())
             metrics["dynamic_sampling/rounds"] = round_index + 1
             metrics["dynamic_sampling/kept_groups"] = float(groups.numel())
             if groups.numel() < self.prompts_here and step % 10 == 1:
                 self.echo(
                     f"[warning] step {step}: dynamic sampling kept {groups.numel()} of {self.prompts_here} "
-                    f"groups after {rounds} rounds; training on {'what was kept' if len(groups) else 'the first draw'} "
+                    f"groups after {rounds} rounds; training on {'the first draw' if none_kept else 'what was kept'} "
                     "(raise algorithm.dynamic_sampling.max_rounds)"
                 )
         return batch, metrics
