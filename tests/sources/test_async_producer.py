@@ -170,6 +170,10 @@ def test_the_rollout_process_returns_the_engines_samples_and_reports_its_errors_
     local = build_engine(model, tokenizer)
     remote = ProcessEngine(copy.deepcopy(model), tokenizer, threads=1)
     prompts, sampling = [[5, 6, 7], [8, 9]], SamplingParams(n=3, max_new_tokens=5, seed=11)
+    # bit-identical log-probs need the same kernels on both sides: a matmul split over 2 threads
+    # rounds differently from one over 1, so this process decodes with the child's one thread
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
         mine, theirs = local.generate(prompts, sampling), remote.generate(prompts, sampling)
         assert torch.equal(mine.response_ids, theirs.response_ids) and torch.equal(mine.logprobs, theirs.logprobs)
@@ -186,6 +190,7 @@ def test_the_rollout_process_returns_the_engines_samples_and_reports_its_errors_
         with pytest.raises(RolloutProcessError, match="died"):
             remote.generate(prompts, sampling)
     finally:
+        torch.set_num_threads(threads)
         remote.close()
 
 
