@@ -2,16 +2,18 @@
 
 Layout of ``<output_dir>/checkpoints/step-N/``: the model (and tokenizer) as a plain Hugging
 Face folder — loadable by ``AutoModelForCausalLM.from_pretrained`` with no conversion — plus
-``training_state.pt`` (optimizer, scheduler, RNG states, data position, step, anything the
-loop adds), ``config.yaml`` when given, and ``COMPLETE``: a manifest of every file with its
-size and SHA-256, written last.
+``training_state.json`` + ``training_state.safetensors`` (optimizer, scheduler, RNG states, data
+position, step, anything the loop adds: tensors and JSON values only, ``plain_state.py``, so
+loading a checkpoint from anyone never runs code), ``config.yaml`` when given, and ``COMPLETE``:
+a manifest of every file with its size and SHA-256, written last.
 
 Covers: a process killed at any moment during a save (the checkpoint is built in a hidden
 temporary folder and renamed into place only once complete, so a reader sees the whole
 checkpoint or none of it); a file truncated or altered afterwards (the manifest no longer
 matches and loading names the file); retention never deleting the newest complete
-checkpoint. Does not cover: a disk that lies about fsync, or two processes writing the same
-run directory at once.
+checkpoint; a crafted checkpoint (no pickle is unpickled: the manifest is written by whoever
+wrote the checkpoint, so it proves integrity, not origin). Does not cover: a disk that lies
+about fsync, or two processes writing the same run directory at once.
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ import torch
 from posttrain.distributed import is_sharded, load_full_weights
 from posttrain.errors import PosttrainError
 from posttrain.models.loading import quiet_progress_bars
+from posttrain.train.plain_state import PlainStateError, load_plain_state, save_plain_state
 
 MARKER = "COMPLETE"
-STATE_FILE = "training_state.pt"
+STATE_STEM = "training_state"
+LEGACY_STATE_FILE = "training_state.pt"  # a pickle, written before b5492cf's successor
 STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -53,8 +57,11 @@ def checkpoint_root(output_dir: str | Path) -> Path:
 
 
 def capture_rng_state() -> dict[str, Any]:
-    """Python, NumPy and torch (CPU and every CUDA device) random states."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Python, NumPy and torch (CPU and every CUDA device) random states, as tensors and JSON values
+    (NumPy's key array as an int64 tensor)."""
+    numpy_state = np.random.get_state(legacy=False)
+    numpy_state["state"]["key"] = torch.from_numpy(numpy_state["state"]["key"].astype(np.int64))
+    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -62,7 +69,11 @@ def capture_rng_state() -> dict[str, Any]:
 
 def restore_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    numpy_state = state["numpy"]
+    if isinstance(numpy_state, dict):  # the legacy pickle held get_state()'s tuple, which set_state takes as is
+        key = numpy_state["state"]["key"]
+        numpy_state = {**numpy_state, "state": {**numpy_state["state"], "key": np.asarray(key, dtype=np.uint32)}}
+    np.random.set_state(numpy_state)
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -97,7 +108,7 @@ def save_checkpoint(
             model.save_pretrained(staging, safe_serialization=True, state_dict=weights)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
-        torch.save({"step": step, "rng": capture_rng_state(), **(training_state or {})}, staging / STATE_FILE)
+        save_plain_state({"step": step, "rng": capture_rng_state(), **(training_state or {})}, staging, STATE_STEM)
         if config_yaml is not None:
             (staging / "config.yaml").write_text(config_yaml, encoding="utf-8")
         _write_manifest(staging, step)
@@ -183,13 +194,41 @@ def load_training_state(path: str | Path, *, restore_rng: bool = True) -> dict[s
     dtype, a device map or LoRA), after this call has verified them.
     """
     verify_checkpoint(path)
-    try:
-        state = torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=False)
-    except Exception as error:  # torch raises several types for a damaged pickle
-        raise CheckpointError(f"{Path(path) / STATE_FILE} cannot be read: {error}") from None
+    path = Path(path)
+    if (path / LEGACY_STATE_FILE).is_file() and not (path / f"{STATE_STEM}.json").is_file():
+        state = _load_legacy_state(path / LEGACY_STATE_FILE)
+    else:
+        try:
+            state = load_plain_state(path, STATE_STEM)
+        except PlainStateError as error:
+            raise CheckpointError(str(error)) from None
     if restore_rng:
         restore_rng_state(state["rng"])
     return state
+
+
+# what a legacy training_state.pt's pickle may name besides torch's own types: NumPy's RNG key array
+LEGACY_NUMPY_GLOBALS = (np.ndarray, np.dtype, type(np.dtype(np.uint32)))
+
+
+def _load_legacy_state(file: Path) -> dict[str, Any]:
+    """A checkpoint written before the plain format: read by torch's weights-only unpickler, which
+    calls nothing outside its allowlist (tensors, containers, and the NumPy names above); anything
+    else in the pickle is refused. torch < 2.6's weights-only loader could be escaped
+    (CVE-2025-32434), so there such a checkpoint is refused outright."""
+    if tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2]) < (2, 6):
+        raise CheckpointError(
+            f"{file} is a pickle from an older posttrain, which torch {torch.__version__} cannot read safely. "
+            "Resume with torch >= 2.6, or start from its weights without --resume (model.path=<that folder>)."
+        )
+    core = np.core if np.__version__.startswith("1.") else np._core
+    try:
+        with torch.serialization.safe_globals([core.multiarray._reconstruct, *LEGACY_NUMPY_GLOBALS]):
+            return torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as error:  # UnpicklingError for a refused global; others for a damaged file
+        named = re.search(r"GLOBAL (\S+)", str(error))
+        why = f"its pickle names {named.group(1)}, which no checkpoint holds" if named else f"damaged ({error})"
+        raise CheckpointError(f"{file} was refused: {why[:300]}. Reading it could run code; it was not read.") from None
 
 
 def load_weights_into(model: Any, path: str | Path) -> None:
@@ -204,7 +243,7 @@ def load_weights_into(model: Any, path: str | Path) -> None:
 
     path = Path(path)
     verify_checkpoint(path)
-    files = sorted(path.glob("*.safetensors"))
+    files = sorted(f for f in path.glob("*.safetensors") if f.name != f"{STATE_STEM}.safetensors")
     if not files:
         raise CheckpointError(f"{path} holds no *.safetensors weights")
     state: dict[str, torch.Tensor] = {}

@@ -15,6 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from posttrain.train.checkpoint import load_training_state
+
 pytestmark = pytest.mark.slow
 
 TINY = ["model.tiny.layers=1", "model.tiny.hidden=32", "model.tiny.heads=2"]
@@ -109,7 +111,7 @@ def test_two_ranks_resume_from_rank_0s_checkpoint(tmp_path, strategy):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "[resume] step 2" in resumed.stdout
     assert metrics(resumed_dir)[2:] == metrics(tmp_path / "straight")[2:]  # every rank continued exactly
-    saved = torch.load(resumed_dir / "checkpoints" / "step-2" / "training_state.pt", weights_only=False)
+    saved = load_training_state(resumed_dir / "checkpoints" / "step-2", restore_rng=False)
     if strategy == "fsdp2":  # gathered to rank 0: the moments of every parameter, whole
         moments = saved["optimizer"]["state"]["model.embed_tokens.weight"]["exp_avg"]
         assert moments.shape == final_shape(tmp_path / "straight", "model.embed_tokens.weight")

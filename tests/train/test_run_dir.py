@@ -63,7 +63,7 @@ def test_resume_auto_says_which_checkpoint_it_skipped_and_why(finished_run, caps
 
 def test_resume_auto_with_no_usable_checkpoint_stops_and_deletes_nothing(finished_run, capsys):
     for checkpoint in list_checkpoints(finished_run):
-        (checkpoint.path / "training_state.pt").write_bytes(b"damaged")
+        (checkpoint.path / "training_state.json").write_bytes(b"damaged")
     before = snapshot(finished_run)
     capsys.readouterr()
     assert main([*SFT, "steps=6", f"output_dir={finished_run}", "--resume", "auto"]) == 2
