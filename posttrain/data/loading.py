@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.errors import PosttrainError
-from posttrain.hub import hub_snapshot, looks_like_hub_id
+from posttrain.hub import hub_repo_id, hub_snapshot
 
 Row = dict[str, Any]
 SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
@@ -62,7 +62,7 @@ def load_rows(path: str | Path, *, split: str | None = None) -> Rows:
     given, path = str(path), Path(path).expanduser()
     if not path.exists():
         message = f"data path {given!r} does not exist (looked for {path.resolve()})"
-        if looks_like_hub_id(given):
+        if hub_repo_id(given) is not None:
             snapshot, reason = hub_snapshot(given, repo_type="dataset")
             if snapshot is not None:
                 return _load_hub_snapshot(snapshot, given, split)

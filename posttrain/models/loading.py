@@ -28,7 +28,7 @@ from transformers import (
 )
 
 from posttrain.errors import PosttrainError
-from posttrain.hub import hub_snapshot, looks_like_hub_id
+from posttrain.hub import hub_repo_id, hub_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +62,14 @@ def existing_folder(path: str | Path, what: str = "model") -> Path:
     if folder.exists():
         raise ModelLoadError(f"{what} path {str(path)!r} is a file; give the folder that holds config.json")
     message = f"{what} path {str(path)!r} does not exist (looked for {folder.resolve()})"
-    if looks_like_hub_id(str(path)):
+    repo_id = hub_repo_id(str(path))
+    if repo_id is not None:
         snapshot, reason = hub_snapshot(str(path))
         if snapshot is not None:
             return snapshot
         message += (
             f", and as a Hub id it is neither in the Hugging Face cache nor downloadable ({reason}). "
-            f"Download it where there is network (`hf download {path}`, into the cache, or with --local-dir "
+            f"Download it where there is network (`hf download {repo_id}`, into the cache, or with --local-dir "
             "DIR and pass DIR)"
         )
     raise ModelLoadError(message)

@@ -45,8 +45,9 @@ def test_a_hub_id_loads_the_cached_snapshot(hub_cache):
     assert torch.equal(model(ids).logits, hub_cache(ids).logits)
 
 
-def test_a_hub_id_trains_through_the_cli(hub_cache, tmp_path):
-    args = ["model.path=posttrain-tests/tiny-reverser", "data.task=reverse", "data.n_train=16", "data.n_eval=9"]
+@pytest.mark.parametrize("name", ["posttrain-tests/tiny-reverser", "hub:posttrain-tests/tiny-reverser"])
+def test_a_hub_id_trains_through_the_cli(hub_cache, tmp_path, name):
+    args = [f"model.path={name}", "data.task=reverse", "data.n_train=16", "data.n_eval=9"]
     assert main(["sft", *args, "eval_size=0", "batch_size=4", "steps=1", f"output_dir={tmp_path / 'run'}"]) == 0
     assert (tmp_path / "run" / "final" / "config.json").is_file()
 
@@ -79,3 +80,53 @@ def test_a_hub_dataset_id_reads_the_cached_snapshot_by_split(hub_cache, tmp_path
         read_dataset("posttrain-tests/names")
     with pytest.raises(DataError, match="neither in the Hugging Face cache nor downloadable"):
         read_dataset("posttrain-tests/not-cached")
+
+
+@pytest.fixture
+def hub_calls(monkeypatch) -> list[tuple[str, str]]:
+    """The Hub client stubbed: records every repository asked for, and answers 'not found'."""
+    import huggingface_hub
+
+    calls: list[tuple[str, str]] = []
+
+    def snapshot_download(repo_id, repo_type="model", **_):
+        calls.append((repo_id, repo_type))
+        raise FileNotFoundError(f"stub: {repo_id} is not on this Hub")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    return calls
+
+
+LOCAL_LOOKING = ["runs/final", "./x", "~/x", "sft_final", "data.jsonl", "runs/sft.json", "/abs/org/name"]
+
+
+@pytest.mark.parametrize("path", LOCAL_LOOKING)
+def test_a_missing_local_path_never_reaches_the_hub(hub_calls, tmp_path, monkeypatch, path):
+    """Issue 45, item 6: a typo is not a download."""
+    from posttrain.data import DataError, read_dataset
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()  # `runs/final` while runs/ exists: a local folder mistyped
+    with pytest.raises(ModelLoadError, match="does not exist") as error:
+        load_causal_lm(path)
+    assert "Hub" not in str(error.value)
+    with pytest.raises(DataError, match="does not exist"):
+        read_dataset(path)
+    assert hub_calls == []
+
+
+def test_hub_prefix_always_reaches_the_hub_and_a_bare_id_says_so_first(hub_calls, tmp_path, monkeypatch, capsys):
+    from posttrain.data import DataError, read_dataset
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(ModelLoadError, match="hf download runs/final"):
+        load_causal_lm("hub:runs/final")  # the prefix wins over a local folder of that name
+    assert hub_calls == [("runs/final", "model")] and "[hub]" not in capsys.readouterr().err
+    with pytest.raises(DataError, match="neither in the Hugging Face cache"):
+        read_dataset("someorg/names")
+    assert hub_calls[-1] == ("someorg/names", "dataset")
+    assert "[hub] 'someorg/names' is not a local path" in capsys.readouterr().err
+    with pytest.raises(ModelLoadError):
+        load_causal_lm("hub:gpt2")
+    assert hub_calls[-1] == ("gpt2", "model")
