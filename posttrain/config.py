@@ -38,6 +38,8 @@ class YamlLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, yaml.Node] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: its keys may be overridden here
+                continue
             key = self.construct_object(key_node, deep=True)
             if not isinstance(key, typing.Hashable):
                 continue  # PyYAML's own check names an unhashable key
@@ -60,9 +62,58 @@ YamlLoader.add_implicit_resolver(
 )
 
 
+MAX_YAML_VALUES = 100_000  # a config holds hundreds; a data row's options a few thousand at most
+
+
 def load_yaml(text: str) -> Any:
-    """Parse YAML text as configs are parsed (safe, with YAML 1.2 exponent floats)."""
-    return yaml.load(text, Loader=YamlLoader)  # a SafeLoader subclass: no arbitrary objects
+    """Parse YAML text as configs are parsed (safe, with YAML 1.2 exponent floats).
+
+    Anchors and aliases (``&defaults`` / ``*defaults``, merge keys ``<<: *defaults``) are allowed,
+    but the document's size with every alias expanded is counted before anything is built: eight
+    nested levels of nine aliases each ("billion laughs") expand to 43 million values, which the
+    checks after parsing would walk until memory ran out."""
+    loader = YamlLoader(text)  # a SafeLoader subclass: no arbitrary objects
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        expanded = _expanded_size(node, {}, set())
+        if expanded > MAX_YAML_VALUES:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"the document expands to more than {MAX_YAML_VALUES:,} values through its aliases (*name); "
+                "a config is never that large, so it is not read",
+                node.start_mark,
+            )
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_nodes: set[int]) -> int:
+    """Values in ``node`` with aliases expanded, counting each shared node once per use (memoised,
+    so a bomb costs its text's size to measure; stops counting past the cap)."""
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    if key in open_nodes:  # an alias to an enclosing node: infinitely large once expanded
+        return MAX_YAML_VALUES + 1
+    open_nodes.add(key)
+    total = 1
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [part for pair in node.value for part in pair]
+    else:
+        children = []
+    for child in children:
+        total += _expanded_size(child, sizes, open_nodes)
+        if total > MAX_YAML_VALUES:
+            break
+    open_nodes.discard(key)
+    sizes[key] = total
+    return total
 
 
 Beta = Annotated[float, Field(ge=0, lt=1)]

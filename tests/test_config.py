@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Literal
 
 import pytest
@@ -120,3 +121,66 @@ def test_exponent_floats_are_numbers_in_files_and_overrides(tmp_path):
     assert all(isinstance(parsed["o"][k], float) for k in "abcd")
     path = write(tmp_path, "learning_rate: 3e-4\nsteps: 2\n")
     assert load_config(ExampleConfig, str(path), []).learning_rate == 3e-4
+
+
+def alias_bomb(levels: int = 8) -> str:
+    """'Billion laughs': level i holds nine aliases of level i - 1, 9**levels values once expanded."""
+    names = [chr(ord("a") + i) for i in range(levels + 1)]
+    lines = [
+        "data:",
+        "  task: reverse",
+        "  task_options:",
+        f"    {names[0]}: &{names[0]} [lol, lol, lol, lol, lol, lol, lol, lol, lol]",
+    ]
+    lines += [f"    {new}: &{new} [{', '.join([f'*{old}'] * 9)}]" for old, new in itertools.pairwise(names)]
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_is_refused_within_2_seconds_and_200_mb(tmp_path):
+    """Issue 45, item 2: it was expanded before any key was checked, until memory ran out."""
+    import time
+    import tracemalloc
+
+    from posttrain.train.rl_config import load_rl_config
+
+    file = tmp_path / "bomb.yaml"
+    file.write_text(alias_bomb())
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        with pytest.raises(ConfigError, match=r"bomb\.yaml.*expands to more than 100,000 values"):
+            load_rl_config(str(file), [])
+        with pytest.raises(ConfigError, match="expands to more than"):
+            load_rl_config(
+                None,
+                [
+                    "data.task_options="
+                    + "{a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1], b: &b ["
+                    + ", ".join(["*a"] * 10)
+                    + "], c: &c ["
+                    + ", ".join(["*b"] * 10)
+                    + "], d: &d ["
+                    + ", ".join(["*c"] * 10)
+                    + "], e: ["
+                    + ", ".join(["*d"] * 10)
+                    + "]}"
+                ],
+            )
+        elapsed, peak = time.perf_counter() - started, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert elapsed < 2.0 and peak < 200e6
+
+
+def test_anchors_and_merge_keys_of_a_normal_config_still_load(tmp_path):
+    from posttrain.config import load_yaml
+
+    text = "base: &base {temperature: 0.7, top_p: 0.9}\nrun:\n  <<: *base\n  top_p: 1.0\nalso: *base\n"
+    assert load_yaml(text) == {
+        "base": {"temperature": 0.7, "top_p": 0.9},
+        "run": {"temperature": 0.7, "top_p": 1.0},
+        "also": {"temperature": 0.7, "top_p": 0.9},
+    }
+    assert load_yaml("a: &a [1, 2]\nb: [*a, *a]\n") == {"a": [1, 2], "b": [[1, 2], [1, 2]]}
+    with pytest.raises(Exception, match="expands to more than"):
+        load_yaml("a: &a [1, *a]\n")  # refers to itself: infinite once expanded

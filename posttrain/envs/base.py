@@ -16,8 +16,9 @@ Covers / does not cover (timeouts): a sync ``reset``/``step`` runs in a daemon t
 abandoned (not killed) when it overruns: Python cannot stop a thread, so a hung environment
 keeps its thread (and CPU, if it spins) until it returns; being a daemon it never blocks
 interpreter exit. An ``async def`` method awaited by :meth:`GuardedEnvironment.areset` /
-``astep`` is cancelled at the timeout, but one that blocks its event loop (``time.sleep``
-inside ``async def``) cannot be interrupted there; the sync :meth:`reset`/:meth:`step` run
+``astep`` is cancelled at the timeout; one that blocks its event loop (``time.sleep`` inside
+``async def``) cannot be interrupted, so the loop runs in a thread of its own and the caller ends
+the run when it stops turning (``event_loop.py``); the sync :meth:`reset`/:meth:`step` run
 coroutines on their own loop in the daemon thread, which bounds even those.
 """
 
@@ -27,12 +28,14 @@ import asyncio
 import contextlib
 import inspect
 import math
+import numbers
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from posttrain.algos.registry import Registry
+from posttrain.envs.event_loop import EpisodeLoop
 from posttrain.errors import PosttrainError
 from posttrain.user_code import import_named
 
@@ -102,7 +105,12 @@ def resolve_environment(name: str, options: Mapping[str, Any] | None = None) -> 
         pass
 
     def factory() -> Any:
-        return cls(**options)
+        try:
+            return cls(**options)
+        except Exception as error:  # the user's constructor: its failure ends the run with one message
+            raise EnvSpecError(
+                f"environment {name!r} could not be built with env.options {options}: {type(error).__name__}: {error}"
+            ) from error
 
     factory.env_name = name  # type: ignore[attr-defined]  # for messages of the guarded caller
     return factory
@@ -223,12 +231,21 @@ class GuardedEnvironment:
         return episode_error
 
 
-def run_concurrently(calls: Sequence[Callable[[], Awaitable[Any]]], limit: int) -> list[Any | EpisodeError]:
+def run_concurrently(
+    calls: Sequence[Callable[[], Awaitable[Any]]],
+    limit: int,
+    *,
+    loop: EpisodeLoop | None = None,
+    stall_s: float | None = None,
+    what: str = "an environment call",
+) -> list[Any | EpisodeError]:
     """Await ``calls`` (each makes one guarded call, e.g. ``lambda: env.astep(text)``) on one
     event loop, at most ``limit`` at a time; returns each one's result, or its
     :class:`EpisodeError` in its place. Sync environments run in their own threads meanwhile,
     async ones interleave on the loop, so a batch of slow tools (a sandboxed program, a web
-    call) takes about the time of the slowest rather than the sum."""
+    call) takes about the time of the slowest rather than the sum. ``loop``: the source's
+    :class:`EpisodeLoop` (a fresh one otherwise); an async call that blocks it for ``stall_s``
+    seconds raises :class:`EventLoopStalled` naming ``what``."""
     if limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
 
@@ -244,7 +261,15 @@ def run_concurrently(calls: Sequence[Callable[[], Awaitable[Any]]], limit: int) 
 
         return await asyncio.gather(*(one(call) for call in calls))
 
-    return asyncio.run(gather()) if calls else []
+    if not calls:
+        return []
+    if loop is not None:
+        return loop.run(gather(), stall_s=stall_s, what=what)
+    own = EpisodeLoop()
+    try:
+        return own.run(gather(), stall_s=stall_s, what=what)
+    finally:
+        own.close()
 
 
 class _Raised(Exception):
@@ -317,8 +342,8 @@ def _step_result(value: Any, where: str, turn: int) -> StepResult:
     observation, reward, done = value
     if observation is not None:
         observation = _observation(observation, where, turn)
-    if reward is not None:
-        is_number = isinstance(reward, (int, float)) and not isinstance(reward, bool)
+    if reward is not None:  # NumPy's numbers are Real too (an environment scoring with NumPy)
+        is_number = isinstance(reward, numbers.Real) and not isinstance(reward, bool)
         if not is_number or not math.isfinite(reward):
             raise EpisodeError(
                 f"{where} returned reward {reward!r}; a reward is a finite number or None", turn=turn, kind="invalid"

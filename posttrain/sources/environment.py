@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +31,7 @@ import torch
 from posttrain.distributed import world
 from posttrain.envs import EpisodeError, GuardedEnvironment, resolve_environment, run_concurrently
 from posttrain.envs.episode import Episode, EpisodeLimits
+from posttrain.envs.event_loop import EpisodeLoop
 from posttrain.envs.section import EnvSection
 from posttrain.errors import PosttrainError
 from posttrain.rewards import RewardSet
@@ -141,6 +142,7 @@ class EnvironmentSource:
         # an interruptible engine reports the version of every token (rollout.interrupt)
         self.tracks_versions = getattr(engine, "mailbox", None) is not None
         self.last_result: list[dict[str, Any]] = []
+        self.episode_loop: EpisodeLoop | None = None  # made at the first episode: a thread does not pickle
 
     # ------------------------------------------------------------------ the RolloutSource protocol
     def next_batch(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
@@ -186,6 +188,8 @@ class EnvironmentSource:
             self.rewards.start()
 
     def close(self) -> None:
+        if self.episode_loop is not None:
+            self.episode_loop.close()
         if self.rewards is not None:
             self.rewards.close()
 
@@ -221,7 +225,7 @@ class EnvironmentSource:
         """A fresh environment per row, reset with it (``env.max_concurrent`` at a time)."""
         envs = [GuardedEnvironment(self.factory(), timeout_s=self.env.timeout_s, name=self.env.name) for _ in rows]
         calls = [lambda env=env, row=row: env.areset(dict(row)) for env, row in zip(envs, rows, strict=True)]
-        firsts = run_concurrently(calls, self.env.max_concurrent)
+        firsts = self._concurrently(calls, turn=0)
         stop_ids = [self.tokenizer.eos_token_id]
         plays = []
         for env, first in zip(envs, firsts, strict=True):
@@ -238,6 +242,15 @@ class EnvironmentSource:
                     play.versions = [self.engine.policy_version] * len(episode.ids)
                 plays.append(play)
         return plays
+
+    def _concurrently(self, calls: list[Callable[[], Awaitable[Any]]], turn: int) -> list[Any]:
+        """The environments' calls of one turn, on the source's event loop (``envs/event_loop.py``)."""
+        if self.episode_loop is None:
+            self.episode_loop = EpisodeLoop(f"env-{self.env.name}")
+        what = f"environment {self.env.name!r}: " + ("reset" if turn == 0 else f"step of turn {turn}")
+        return run_concurrently(
+            calls, self.env.max_concurrent, loop=self.episode_loop, stall_s=self.env.timeout_s, what=what
+        )
 
     def _play(self, plays: list[_Play], step: int, greedy: bool = False, rank: int = 0) -> float:
         """Play every episode to its end, a turn at a time; returns the seconds spent generating."""
@@ -272,7 +285,7 @@ class EnvironmentSource:
                 if not play.episode.finished:  # else no room is left in max_total_tokens for more
                     stepping.append((play, text))
             calls = [lambda play=play, text=text: play.env.astep(text) for play, text in stepping]
-            for (play, _), result in zip(stepping, run_concurrently(calls, self.env.max_concurrent), strict=True):
+            for (play, _), result in zip(stepping, self._concurrently(calls, turn), strict=True):
                 if isinstance(result, EpisodeError):
                     play.error = result
                     continue

@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from posttrain.config import load_yaml
 from posttrain.errors import PosttrainError
 from posttrain.train.checkpoint import STEP_DIR, CheckpointError, checkpoint_root, verify_checkpoint
 
@@ -180,8 +181,11 @@ def _compare_configs(checkpoint: Path, config_yaml: str | None) -> list[str]:
     saved_file = checkpoint / "config.yaml"
     if config_yaml is None or not saved_file.is_file():
         return []
-    saved = _flatten(yaml.safe_load(saved_file.read_text(encoding="utf-8")) or {})
-    new = _flatten(yaml.safe_load(config_yaml) or {})
+    try:  # the checkpoint's file may come from anyone: read as configs are (an alias bomb is refused)
+        saved = _flatten(load_yaml(saved_file.read_text(encoding="utf-8")) or {})
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{saved_file} cannot be read: {error}") from None
+    new = _flatten(load_yaml(config_yaml) or {})
     # keys in one config only are options a newer or older posttrain added: not a change the user made
     changed = sorted(
         key

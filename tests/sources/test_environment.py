@@ -380,3 +380,95 @@ def test_a_user_environment_class_trains_from_the_cli_by_env_name_alone(tmp_path
     hints = [m["content"] for c in conversations for m in c if m["role"] == "user"]
     assert hints and all(h.endswith("again:") for h in hints)  # the class's own answers
     assert max(len(c) for c in conversations) <= 5  # its three tries: guess, hint, guess, hint, guess
+
+
+class BlocksItsLoop:
+    """An async environment whose step blocks the event loop (time.sleep inside async def)."""
+
+    async def reset(self, row):
+        return "go"
+
+    async def step(self, completion):
+        time.sleep(30)
+        return None, 1.0, True
+
+
+def test_an_async_step_that_blocks_the_event_loop_ends_the_run_within_its_timeout(policy):
+    """Issue 45, item 2: it hung forever (wait_for cannot cancel a coroutine that never yields)."""
+    from posttrain.envs.event_loop import EventLoopStalled
+
+    model, tokenizer = policy
+    config = load_rl_config(None, [*BASE, "max_new_tokens=4"])
+    section = EnvSection(name="tests.sources.test_environment:BlocksItsLoop", timeout_s=1.0)
+    source = EnvironmentSource(config, section, build_engine(model, tokenizer), tokenizer, [{}] * 3, None, 512)
+    started = time.perf_counter()
+    with pytest.raises(EventLoopStalled, match=r"'tests\.sources\.test_environment:BlocksItsLoop': step of turn 1"):
+        source.next_batch(1)
+    assert time.perf_counter() - started < 1.0 + 4.0
+    source.close()  # returns although the loop's thread is still asleep
+
+
+class KeepsAQueue:
+    """Keeps asyncio resources from reset to the last step: a queue fed by a task it started."""
+
+    async def reset(self, row):
+        self.queue: asyncio.Queue[str] = asyncio.Queue()
+        self.feeder = asyncio.get_running_loop().create_task(self._feed())
+        return "go"
+
+    async def _feed(self):
+        for word in ("one", "two", "three"):
+            await asyncio.sleep(0.01)
+            await self.queue.put(word)
+
+    async def step(self, completion):
+        word = await asyncio.wait_for(self.queue.get(), 2)
+        done = word == "three"
+        return (None if done else word), 1.0, done
+
+
+def test_an_async_environment_keeps_asyncio_resources_across_turns(policy):
+    model, tokenizer = policy
+    config = load_rl_config(None, [*BASE, "max_new_tokens=2"])
+    section = EnvSection(name="tests.sources.test_environment:KeepsAQueue", max_turns=5)
+    source = EnvironmentSource(config, section, build_engine(model, tokenizer), tokenizer, [{}] * 3, None, 512)
+    _, metrics = source.next_batch(1)
+    source.close()
+    assert metrics["env/errors"] == 0 and metrics["env/turns_mean"] == 3
+
+
+class SlowAsync:
+    async def reset(self, row):
+        return "go"
+
+    async def step(self, completion):
+        await asyncio.sleep(0.5)
+        return None, 1.0, True
+
+
+def test_64_async_episodes_take_about_the_time_of_one(policy):
+    model, tokenizer = policy
+    config = load_rl_config(None, ["model.tiny.layers=1", "data.task=reverse", "prompts_per_step=8",
+                                   "samples_per_prompt=8", "max_new_tokens=2"])  # fmt: skip
+    section = EnvSection(name="tests.sources.test_environment:SlowAsync", max_concurrent=64)
+    source = EnvironmentSource(config, section, build_engine(model, tokenizer), tokenizer, [{}] * 8, None, 512)
+    _, metrics = source.next_batch(1)
+    source.close()
+    assert metrics["env/errors"] == 0
+    assert metrics["time/env_s"] < 0.5 * 4  # 64 steps of 0.5 s each, interleaved: not 32 s
+
+
+class BrokenConstructor(SlowAsync):
+    def __init__(self):
+        raise OSError("the tool server is not running")
+
+
+def test_an_environment_whose_constructor_raises_ends_the_run_with_one_message(policy):
+    from posttrain.envs import EnvSpecError
+
+    model, tokenizer = policy
+    config = load_rl_config(None, [*BASE, "max_new_tokens=2"])
+    section = EnvSection(name="tests.sources.test_environment:BrokenConstructor")
+    source = EnvironmentSource(config, section, build_engine(model, tokenizer), tokenizer, [{}] * 3, None, 512)
+    with pytest.raises(EnvSpecError, match=r"could not be built with env\.options \{\}: OSError: the tool server"):
+        source.next_batch(1)
