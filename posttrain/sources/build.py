@@ -25,7 +25,7 @@ from posttrain.rollout.weight_mailbox import ThreadMailbox
 from posttrain.sources import RolloutSource
 from posttrain.sources.async_producer import AsyncProducer, rollout_copy
 from posttrain.sources.environment import EnvironmentSource
-from posttrain.sources.recorded import RecordingSource, ReplaySource
+from posttrain.sources.recorded import RecordingSource, ReplaySource, run_shape
 from posttrain.sources.single_turn import SingleTurnSource
 from posttrain.train.rl_config import RLRun
 from posttrain.train.rl_eval import HeldOutCompletions
@@ -66,7 +66,7 @@ def build_source(
         if config.env is not None:
             evaluation = source
     if config.record_rollouts:
-        source = RecordingSource(source, output_dir / "rollouts")
+        source = RecordingSource(source, output_dir / "rollouts", run_shape(config))
     return source, evaluation
 
 

@@ -10,9 +10,12 @@ half file; its resume writes the steps again):
 * ``step-000001.safetensors`` — the batch's tensors (token ids, masks, engine log-probs,
   group ids, scores, reward components, the greedy baseline where there is one);
 * ``step-000001.json`` — the schema version, the step, the prompts, completions and dataset
-  columns, and the source's metrics of that step.
+  columns, the source's metrics of that step, and what gives the batch its shape and meaning
+  (``run``: prompts_per_step, samples_per_prompt, the model that sampled it).
 
-A folder recorded under another schema version is refused with both versions named."""
+A folder recorded under another schema version is refused with both versions named; so is a
+replay whose prompts_per_step, samples_per_prompt or model differ from the recording's (another
+loss or estimator is allowed: an A/B on the same batches)."""
 
 from __future__ import annotations
 
@@ -31,8 +34,12 @@ from posttrain.errors import PosttrainError
 from posttrain.sources import RolloutSource
 from posttrain.train.rl_batch import RolloutBatch, concat
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the run's shape and model ("run"), checked on replay
 TEXT_FIELDS = ("prompts", "completions", "columns")
+REQUIRED_TENSORS = tuple(
+    item.name for item in dataclasses.fields(RolloutBatch) if item.default is dataclasses.MISSING
+    and item.default_factory is dataclasses.MISSING and item.name not in TEXT_FIELDS
+)  # fmt: skip
 
 
 class RecordingError(PosttrainError, ValueError):
@@ -43,8 +50,21 @@ def _stem(folder: Path, step: int) -> Path:
     return folder / f"step-{step:06d}"
 
 
-def write_batch(folder: Path, step: int, batch: RolloutBatch, metrics: dict[str, float]) -> None:
-    """Write ``batch`` (as a source hands it out: scored, not yet prepared) for ``step``."""
+def run_shape(config: Any) -> dict[str, Any]:
+    """What a recording must share with the run that replays it (an ``RLRun``)."""
+    model = config.model
+    return {
+        "prompts_per_step": config.prompts_per_step,
+        "samples_per_prompt": config.samples_per_prompt,
+        "model": {"path": model.path, "tiny": model.tiny.model_dump() if model.tiny is not None else None},
+    }
+
+
+def write_batch(
+    folder: Path, step: int, batch: RolloutBatch, metrics: dict[str, float], run: dict[str, Any] | None = None
+) -> None:
+    """Write ``batch`` (as a source hands it out: scored, not yet prepared) for ``step``; ``run``:
+    :func:`run_shape` of the recording run."""
     folder.mkdir(parents=True, exist_ok=True)
     stem = _stem(folder, step)
     tensors = {
@@ -57,6 +77,7 @@ def write_batch(folder: Path, step: int, batch: RolloutBatch, metrics: dict[str,
         "step": step,
         **{name: getattr(batch, name) for name in TEXT_FIELDS},
         "metrics": metrics,
+        "run": run,
     }
     # the tensors first, each file through a temporary name: the JSON's presence marks a whole step
     for path, write in (
@@ -93,12 +114,48 @@ def read_batch(folder: Path, step: int) -> tuple[RolloutBatch, dict[str, float]]
         tensors = load_file(str(tensor_path))
     except Exception as error:  # safetensors raises its own error types for a damaged file
         raise RecordingError(f"{tensor_path} is not a readable recording ({error})") from None
+    _check_fields(text, tensors, text_path, tensor_path)
+    batch = RolloutBatch(**tensors, **{name: text[name] for name in TEXT_FIELDS})
+    return batch, dict(text.get("metrics") or {})
+
+
+def _check_fields(text: dict[str, Any], tensors: dict[str, Tensor], text_path: Path, tensor_path: Path) -> None:
+    """Every field a batch needs, of one batch size B (and one response length T)."""
     names = {item.name for item in dataclasses.fields(RolloutBatch)}
     unknown = sorted(set(tensors) - names)
     if unknown:
         raise RecordingError(f"{tensor_path} holds tensors this posttrain has no field for: {unknown}")
-    batch = RolloutBatch(**tensors, **{name: text[name] for name in TEXT_FIELDS})
-    return batch, dict(text.get("metrics", {}))
+    missing = [name for name in REQUIRED_TENSORS if name not in tensors]
+    if missing:
+        raise RecordingError(f"{tensor_path} lacks the tensors {missing} every recorded batch holds (damaged?)")
+    kinds = {"prompts": list, "completions": list, "columns": dict}
+    wrong = [name for name, kind in kinds.items() if not isinstance(text.get(name), kind)]
+    if wrong:
+        raise RecordingError(f"{text_path} lacks {wrong} (or holds another type) that every recorded batch holds")
+    size = len(text["prompts"])
+    for name, value in [*tensors.items(), ("completions", text["completions"]), *text["columns"].items()]:
+        rows = len(value) if isinstance(value, list) or (isinstance(value, Tensor) and value.dim()) else -1
+        if rows != size:
+            raise RecordingError(f"{text_path}: {name} holds {rows} samples, prompts {size}; the step is damaged")
+    widths = {name: tensors[name].shape for name in ("response_ids", "response_mask", "engine_logprobs")}
+    if len(set(widths.values())) != 1:
+        raise RecordingError(f"{tensor_path}: the response tensors differ in shape ({widths})")
+
+
+def check_replay_run(folder: Path, run: dict[str, Any]) -> None:
+    """Refuse replaying ``folder`` in a run whose shape or model (:func:`run_shape`) differs."""
+    text_path = _stem(folder, recorded_steps(folder)[0]).with_suffix(".json")
+    recorded = json.loads(text_path.read_text(encoding="utf-8")).get("run")
+    if not isinstance(recorded, dict):  # written by a caller of write_batch that did not say (the API)
+        return
+    changed = [key for key in run if recorded.get(key) != run[key]]
+    if changed:
+        differences = "; ".join(f"{key}: recorded {recorded.get(key)!r}, here {run[key]!r}" for key in changed)
+        raise RecordingError(
+            f"rollout.replay = {str(folder)!r} was recorded by another kind of run ({differences}). A recording "
+            "replays with the shape and model that sampled it; set these as recorded (another loss or advantage "
+            "estimator is fine)."
+        )
 
 
 def recorded_steps(folder: Path) -> list[int]:
@@ -110,8 +167,9 @@ def recorded_steps(folder: Path) -> list[int]:
     return sorted(steps)
 
 
-def check_replay_folder(folder: str | Path, steps: int) -> Path:
-    """Refuse, before any model loads, a replay folder that is missing or too short for ``steps``."""
+def check_replay_folder(folder: str | Path, steps: int, run: dict[str, Any] | None = None) -> Path:
+    """Refuse, before any model loads, a replay folder that is missing, too short for ``steps``, or
+    recorded by a run of another shape or model than ``run`` (:func:`run_shape`)."""
     path = Path(folder)
     if not path.is_dir():
         raise RecordingError(
@@ -126,7 +184,9 @@ def check_replay_folder(folder: str | Path, steps: int) -> Path:
             f"rollout.replay = {str(folder)!r} holds {held}, not step {missing[0]} of the {steps} asked for: "
             "lower steps or record a longer run"
         )
-    read_batch(path, 1)  # the schema version, before anything loads
+    read_batch(path, 1)  # the schema version and the fields, before anything loads
+    if run is not None:
+        check_replay_run(path, run)
     return path
 
 
@@ -136,15 +196,15 @@ class RecordingSource:
     Under torchrun the ranks' shares are recorded as the step's one batch, by rank 0: a
     recording replays alike in one process or several."""
 
-    def __init__(self, inner: RolloutSource, folder: Path) -> None:
-        self.inner, self.folder, self.ranks = inner, Path(folder), world()
+    def __init__(self, inner: RolloutSource, folder: Path, run: dict[str, Any] | None = None) -> None:
+        self.inner, self.folder, self.ranks, self.run = inner, Path(folder), world(), run
 
     def next_batch(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
         batch, metrics = self.inner.next_batch(step)
         whole = concat(self.ranks.gather(batch), pad_id=0)  # a pad under mask 0 is never read
         step_metrics = self.ranks.reduce_metrics(metrics)
         if self.ranks.is_main:
-            write_batch(self.folder, step, whole, step_metrics)
+            write_batch(self.folder, step, whole, step_metrics, self.run)
         return batch, metrics
 
     def sync_weights(self, version: int) -> None:

@@ -52,7 +52,7 @@ from posttrain.rewards import NamedReward, RewardSet
 from posttrain.rewards.registry import resolve_rewards
 from posttrain.sources import RolloutSource
 from posttrain.sources.build import build_source, check_placement, learner_engine, reward_pool, stop_workers
-from posttrain.sources.recorded import check_replay_folder
+from posttrain.sources.recorded import check_replay_folder, run_shape
 from posttrain.telemetry.metrics import check_report_to
 from posttrain.train.checkpoint import load_training_state, load_weights_into, save_checkpoint
 from posttrain.train.rl_batch import RolloutBatch
@@ -378,7 +378,7 @@ def _check_before_loading(config: RLRun, *, model_given: bool) -> None:
     if not model_given:
         check_model_source(config.model)
     if config.rollout.replay is not None:
-        check_replay_folder(config.rollout.replay, config.steps)
+        check_replay_folder(config.rollout.replay, config.steps, run_shape(config))
     if config.env is not None:  # the class is imported and its options checked here
         resolve_environment(config.env.name, config.env.options)
 

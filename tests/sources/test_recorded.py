@@ -87,3 +87,42 @@ def test_recordings_that_cannot_be_replayed_are_refused_before_a_model_loads(tmp
     first.write_text(json.dumps({**text, "schema_version": SCHEMA_VERSION + 1}))
     with pytest.raises(RecordingError, match=rf"schema version {SCHEMA_VERSION + 1}; this posttrain reads version"):
         build(tmp_path, "c", ["steps=3", f"rollout.replay={folder}"])
+
+
+def test_a_replay_of_another_shape_or_model_is_refused_and_another_loss_is_not(tmp_path, monkeypatch):
+    """Issue 45, item 4: a recording of samples_per_prompt=4 replayed under 2 without a word."""
+    build(tmp_path, "run", ["steps=2", "record_rollouts=true"]).run()
+    folder = tmp_path / "run" / "rollouts"
+    replay = ["steps=2", f"rollout.replay={folder}"]
+    for change, key in [
+        ("samples_per_prompt=2", "samples_per_prompt: recorded 4, here 2"),
+        ("prompts_per_step=2", "prompts_per_step: recorded"),
+        ("model.tiny.hidden=64", "model: recorded"),
+    ]:
+        with pytest.raises(RecordingError, match=key):
+            build(tmp_path, "x", [*replay, change])
+    # an A/B of the update on the same batches: another estimator and loss replay fine
+    history = build(tmp_path, "ab", [*replay, "algorithm=rloo"]).run()
+    assert len(history) == 2
+
+
+@pytest.mark.parametrize("damage", ["no prompts", "no tensor", "short column"])
+def test_a_damaged_recording_is_refused_naming_the_file(tmp_path, damage):
+    from safetensors.torch import load_file, save_file
+
+    build(tmp_path, "run", ["steps=1", "record_rollouts=true"]).run()
+    folder = tmp_path / "run" / "rollouts"
+    text_path, tensor_path = folder / "step-000001.json", folder / "step-000001.safetensors"
+    text, tensors = json.loads(text_path.read_text()), load_file(str(tensor_path))
+    if damage == "no prompts":
+        del text["prompts"]
+    elif damage == "no tensor":
+        del tensors["response_mask"]
+    else:
+        text["completions"] = text["completions"][:-1]
+    text_path.write_text(json.dumps(text))
+    save_file(tensors, str(tensor_path))
+    expected = {"no prompts": "lacks \\['prompts'\\]", "no tensor": "lacks the tensors \\['response_mask'\\]",
+                "short column": "completions holds"}[damage]  # fmt: skip
+    with pytest.raises(RecordingError, match=expected):
+        build(tmp_path, "replayed", ["steps=1", f"rollout.replay={folder}"])
