@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -248,6 +249,24 @@ def _add_models(commands: Any, debug: argparse.ArgumentParser) -> None:
     gguf.set_defaults(handler=_import_gguf)
 
 
+OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # a dotted config key, then its value
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer ≥ ``low``, or argparse's one-line refusal naming the flag."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below {low}, the smallest value it takes")
+        return value
+
+    return parse
+
+
 def _add_demo(commands: Any, debug: argparse.ArgumentParser) -> None:
     demo = commands.add_parser(
         "demo",
@@ -261,15 +280,15 @@ def _add_demo(commands: Any, debug: argparse.ArgumentParser) -> None:
     )
     # These defaults repeat DemoConfig's (reading them from it would import torch for --help);
     # tests/test_cli.py checks that the two agree.
-    demo.add_argument("--seed", type=int, default=0, help="seeds weights, names, shuffling and sampling")
+    demo.add_argument("--seed", type=at_least(0), default=0, help="seeds weights, names, shuffling and sampling")
     demo.add_argument("--output-dir", default="runs/demo", help="run directory")
-    demo.add_argument("--rl-steps", type=int, default=600, help="GRPO steps (32 prompts x 8 samples)")
-    demo.add_argument("--sft-max-steps", type=int, default=400, help="SFT steps at most (it stops early)")
+    demo.add_argument("--rl-steps", type=at_least(1), default=600, help="GRPO steps (32 prompts x 8 samples)")
+    demo.add_argument("--sft-max-steps", type=at_least(1), default=400, help="SFT steps at most (it stops early)")
     demo.add_argument("--no-baseline", action="store_true", help="skip the continued-SFT comparison")
-    demo.add_argument("--threads", type=int, default=None, help="torch threads; every available core if not given")
+    demo.add_argument("--threads", type=at_least(1), default=None, help="torch threads; all cores if not given")
     demo.add_argument(
         "--max-staleness",
-        type=int,
+        type=at_least(0),
         default=0,
         help="asynchronous RL: sample up to this many policy versions ahead of the learner (0: synchronous)",
     )
@@ -280,11 +299,44 @@ def _add_demo(commands: Any, debug: argparse.ArgumentParser) -> None:
     )
     demo.add_argument(
         "--ray-workers",
-        type=int,
+        type=at_least(0),
         default=0,
         help="sample the RL stage on this many Ray rollout workers (a local Ray cluster; needs posttrain[dist])",
     )
     demo.set_defaults(handler=_demo)
+
+
+class OutlivesItsReader:
+    """stdout for a training command: when its reader goes away (``posttrain rl ... | head -1``)
+    the rest of the output is dropped and training goes on to its checkpoints and ``final/``,
+    instead of ending at the next print with a BrokenPipeError."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream, self.reader_gone = stream, False
+
+    def write(self, text: str) -> int:
+        if not self.reader_gone:
+            try:
+                return self.stream.write(text)
+            except BrokenPipeError:
+                self._drop_the_rest()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.reader_gone:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self._drop_the_rest()
+
+    def _drop_the_rest(self) -> None:
+        self.reader_gone = True
+        devnull = os.open(os.devnull, os.O_WRONLY)  # the interpreter's own flush at exit then stays quiet
+        os.dup2(devnull, self.stream.fileno())
+        os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, ... of the stream itself
+        return getattr(self.stream, name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -292,13 +344,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     :class:`~posttrain.errors.PosttrainError`) is one message on stderr and status 2; Ctrl-C is
     status 130 with how to continue; ``--debug`` lets either raise with its traceback."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # key=value overrides may follow a flag (`... --resume auto steps=10`); argparse takes the
+    # positionals of one stretch only, so the later ones are appended here, in their order
+    if extra and hasattr(args, "overrides") and all(OVERRIDE.match(item) for item in extra):
+        args.overrides.extend(extra)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
         parser.print_help()
         return 2
     from posttrain.errors import PosttrainError
 
     name = " ".join(filter(None, ["posttrain", args.command, getattr(args, "model_command", None)]))
+    if args.command in TRAINING_COMMANDS and not isinstance(sys.stdout, OutlivesItsReader):
+        sys.stdout = OutlivesItsReader(sys.stdout)
     try:
         return args.handler(args)
     except PosttrainError as error:

@@ -304,6 +304,17 @@ def join(device: torch.device) -> World:
     return _WORLD
 
 
+def note_strategy(strategy: str) -> None:
+    """Say on stderr that ``strategy: fsdp2`` in a single process shards nothing (torchrun was
+    probably forgotten): the run goes on as one process, which is what it would compute anyway."""
+    if strategy == "fsdp2" and world().size == 1:
+        print(
+            "[warning] strategy = 'fsdp2' in a single process: there is nothing to shard over, so this runs as one "
+            "process holding the whole model. Start it with torchrun --nproc_per_node N -m posttrain ... to shard.",
+            file=sys.stderr,
+        )
+
+
 def single_process_only(command: str) -> None:
     """Refuse to run ``command`` as one of several torchrun processes (it has no data parallel
     mode yet, and N copies would each write the same run folder)."""

@@ -50,6 +50,17 @@ def test_demo_interrupt_without_staleness_is_refused_before_any_stage(tmp_path):
     assert not (tmp_path / "out").exists()  # no stage ran
 
 
+@pytest.mark.parametrize(
+    "flag", ["--rl-steps=-5", "--sft-max-steps=0", "--threads=0", "--max-staleness=-1", "--seed=x"]
+)
+def test_a_demo_flag_out_of_range_is_refused_naming_it_before_any_stage(tmp_path, flag):
+    """Issue 45, item 3: --rl-steps -5 ran SFT for minutes, then ended in a pydantic error on 'steps'."""
+    result = run_cli("demo", flag, "--output-dir", "out", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"argument {flag.split('=')[0]}:" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 def test_shortened_demo_runs_every_stage_and_rl_raises_the_reward(tmp_path):
     """The README's main command with a tiny budget: SFT stops early, GRPO runs, the baseline runs,
@@ -85,3 +96,29 @@ def test_shortened_demo_runs_every_stage_and_rl_raises_the_reward(tmp_path):
     ids = tokenizer("Reverse the name: sean. Answer:", return_tensors="pt")["input_ids"]
     with torch.no_grad():
         assert model(ids).logits.shape == (1, ids.shape[1], len(tokenizer))
+
+
+def test_overrides_may_follow_a_flag(tmp_path):
+    """Issue 45, item 5: `... --resume auto output_dir=x` was 'unrecognized arguments'."""
+    from posttrain.cli import main
+    from tests.cli.bad_inputs import BASE
+
+    head, tail = BASE["sft"][:4], BASE["sft"][4:]
+    assert main([*head, "--resume", "auto", *tail, "steps=1", "save_every=0", f"output_dir={tmp_path / 'run'}"]) == 0
+    assert (tmp_path / "run" / "final" / "config.json").is_file()
+    with pytest.raises(SystemExit) as refused:
+        main([*BASE["sft"], "--resume", "auto", "not-an-override"])
+    assert refused.value.code == 2
+
+
+def test_a_reader_that_goes_away_does_not_stop_training(tmp_path):
+    """Issue 45, item 5: `posttrain sft ... | head -1` killed training at its next print (no final/)."""
+    from tests.cli.bad_inputs import BASE
+
+    argv = [*BASE["sft"], "steps=20", "log_every=1", "eval_every=5", "eval_size=9", f"output_dir={tmp_path / 'run'}"]
+    child = subprocess.Popen([sys.executable, "-m", "posttrain", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child.stdout.readline()
+    child.stdout.close()  # the reader goes away, as `head -1` does
+    _, err = child.communicate(timeout=300)
+    assert child.returncode == 0, err.decode()[-2000:]
+    assert (tmp_path / "run" / "final" / "config.json").is_file()

@@ -157,8 +157,21 @@ def validate_rows(
     return report
 
 
+# reward functions receive the batch's own under these names (TRL's): a column so named would vanish
+BATCH_ARGUMENTS = ("prompts", "completions", "completion_ids")
+
+
 def check_row(row: Mapping[str, Any], data_format: str, prompt_column: str = "prompt") -> Problem | None:
     """The first problem of a row read as `data_format`, or None when it is valid."""
+    if data_format in ("prompt", "episode"):
+        taken = [name for name in BATCH_ARGUMENTS if name in row]
+        if taken:
+            return Problem(
+                taken[0],
+                "column named {field}",
+                f"a column named {taken[0]!r}: reward functions receive the batch's prompts, completions and "
+                f"completion_ids under these names, so it would be hidden; rename it (e.g. reference_{taken[0]})",
+            )
     if data_format == "episode":
         return None if row else Problem("(row)", "empty row", "an empty row; an episode starts from its columns")
     if data_format == "preference" and _implicit_prompt(row, prompt_column):

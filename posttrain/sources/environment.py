@@ -238,10 +238,21 @@ class EnvironmentSource:
                     on_prefix_mismatch=self.env.on_prefix_mismatch,
                 )  # fmt: skip
                 play = _Play(env, episode, first, logprobs=[0.0] * len(episode.ids))
+                if episode.finished:  # the first observation fills the context: no turn can be sampled
+                    play.error = self._no_room(len(episode.ids))
                 if self.tracks_versions:
                     play.versions = [self.engine.policy_version] * len(episode.ids)
                 plays.append(play)
         return plays
+
+    def _no_room(self, length: int) -> EpisodeError:
+        return EpisodeError(
+            f"environment {self.env.name!r}: reset's observation is {length} tokens, which leaves no room for a "
+            f"response within {self.limits.max_total_tokens} tokens (env.max_total_tokens, or the model's context): "
+            "shorten the first observation or raise the limit",
+            turn=0,
+            kind="invalid",
+        )
 
     def _concurrently(self, calls: list[Callable[[], Awaitable[Any]]], turn: int) -> list[Any]:
         """The environments' calls of one turn, on the source's event loop (``envs/event_loop.py``)."""
@@ -376,6 +387,11 @@ class EnvironmentSource:
 
     def _check_errors(self, plays: list[_Play], step: int) -> None:
         errors = [play.error for play in plays if play.error is not None]
+        if errors and len(errors) == len(plays):  # whatever max_error_fraction allows: nothing is left to learn from
+            raise EnvironmentErrors(
+                f"step {step}: every one of the {len(plays)} episodes ended in an environment error, so the step has "
+                f"nothing to train on. The first: {errors[0]}"
+            )
         if errors and len(errors) / len(plays) > self.env.max_error_fraction:
             raise EnvironmentErrors(
                 f"step {step}: {len(errors)} of {len(plays)} episodes ended in an environment error, more than "

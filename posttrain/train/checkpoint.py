@@ -167,7 +167,17 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
     """Check the manifest against the files; return it, or raise naming the first problem."""
     path = Path(path)
     marker = path / MARKER
+    if not path.is_dir():
+        what = "is a file" if path.exists() else "does not exist"
+        raise CheckpointError(
+            f"{path} {what}: a checkpoint is a folder <output_dir>/checkpoints/step-N (or use --resume auto)"
+        )
     if not marker.is_file():
+        if checkpoint_root(path).is_dir():
+            raise CheckpointError(
+                f"{path} is a run folder, not a checkpoint: give one of {checkpoint_root(path)}/step-N, or "
+                f"--resume auto with output_dir={path}"
+            )
         raise CheckpointError(f"{path} is not a complete checkpoint: {MARKER} is missing (the save was interrupted)")
     try:
         manifest = json.loads(marker.read_text(encoding="utf-8"))

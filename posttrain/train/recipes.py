@@ -22,7 +22,7 @@ from posttrain.data.section import (  # re-exported: the config sections' histor
     load_rows,
 )
 from posttrain.devices import resolve_device
-from posttrain.distributed import join, world
+from posttrain.distributed import join, note_strategy, world
 from posttrain.models.section import (  # re-exported, as above
     LoraSection,
     ModelSection,
@@ -129,7 +129,7 @@ def check_run_dir(config: LoopConfig) -> None:
     from posttrain.train.run_dir import start_point
 
     if world().is_main:
-        start_point(config.output_dir, config.resume, config.overwrite, dump_config(config))
+        start_point(config.output_dir, config.resume, config.overwrite, dump_config(config), config.steps)
     check_report_to(config.report_to)
 
 
@@ -139,6 +139,7 @@ def _device(config: LoopConfig) -> torch.device:
     device = resolve_device(config.device)
     ranks = join(device)
     ranks.share(range(config.batch_size))  # refused here, before loading, when it does not divide
+    note_strategy(config.strategy)
     if config.strategy == "fsdp2" and getattr(getattr(config, "model", None), "lora", None) is not None:
         raise ConfigError(
             "strategy = 'fsdp2' with model.lora is not supported yet (the adapters' checkpoints are saved "

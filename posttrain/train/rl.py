@@ -43,7 +43,7 @@ from posttrain.config import ConfigError, dump_config
 from posttrain.data import DataError
 from posttrain.data.section import check_enough_rows, load_rows
 from posttrain.devices import resolve_device
-from posttrain.distributed import join, world
+from posttrain.distributed import join, note_strategy, world
 from posttrain.envs import resolve_environment
 from posttrain.memory import return_free_memory
 from posttrain.models.section import build_model_and_tokenizer, check_model_source
@@ -372,8 +372,9 @@ def _check_before_loading(config: RLRun, *, model_given: bool) -> None:
     sinks, the device, the model folder, a recording to replay."""
     ranks = join(resolve_device(config.device))  # torchrun's process group, when started by it
     ranks.share(range(config.prompts_per_step), "prompts_per_step")  # whole groups per rank, or refused
+    note_strategy(config.strategy)
     check_placement(config, ranks.device(resolve_device(config.device)), ranks.size)
-    start_point(config.output_dir, config.resume, config.overwrite, dump_config(config))
+    start_point(config.output_dir, config.resume, config.overwrite, dump_config(config), config.steps)
     check_report_to(config.report_to)
     if not model_given:
         check_model_source(config.model)

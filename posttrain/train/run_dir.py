@@ -85,10 +85,27 @@ def _finished_steps(metrics: Path) -> bool:
     return False
 
 
-def start_point(output_dir: str | Path, resume: str, overwrite: bool, config_yaml: str | None) -> StartPoint:
-    """Decide where the run in ``output_dir`` starts; raise :class:`RunDirError` when it cannot.
-    Reads only: nothing is deleted or written here (see :func:`prepare_run_dir`)."""
-    out = Path(output_dir)
+def start_point(
+    output_dir: str | Path, resume: str, overwrite: bool, config_yaml: str | None, steps: int | None = None
+) -> StartPoint:
+    """Decide where the run in ``output_dir`` starts; raise :class:`RunDirError` when it cannot, or
+    when the checkpoint is already past ``steps`` (nothing would run). Reads only: nothing is deleted
+    or written here (see :func:`prepare_run_dir`)."""
+    start = _start_point(Path(output_dir), resume, overwrite, config_yaml)
+    if steps is None or start.checkpoint is None:
+        return start
+    at = int(STEP_DIR.match(start.checkpoint.name).group(1)) if STEP_DIR.match(start.checkpoint.name) else None
+    if at is not None and at > steps:
+        raise RunDirError(
+            f"resume={resume}: {start.checkpoint} is at step {at}, past steps={steps}, so nothing would run. "
+            f"Raise steps above {at} to train on, or resume from an earlier checkpoint"
+        )
+    if at == steps:
+        start.notes.append(f"{start.checkpoint.name} is at steps={steps} already: no step left to run")
+    return start
+
+
+def _start_point(out: Path, resume: str, overwrite: bool, config_yaml: str | None) -> StartPoint:
     _check_writable(out)
     if resume == "none":
         found = existing_run(out)

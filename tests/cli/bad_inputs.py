@@ -78,7 +78,8 @@ COMMON_CONFIGS = [
     ("seed=1.5", ["seed"]),
     ("seed=-1", ["seed"]),
     ("output_dir={tmp}/a_file.txt", ["output_dir", "a_file.txt"]),
-    ("resume={tmp}/no_such_checkpoint", ["no_such_checkpoint"]),
+    ("resume={tmp}/no_such_checkpoint", ["no_such_checkpoint", "does not exist"]),
+    ("resume={tmp}/empty_folder", ["empty_folder", "COMPLETE is missing"]),
     ("resume=maybe", ["maybe"]),
     ("overwrite=maybe", ["overwrite"]),
     ("save_every=-1", ["save_every"]),
@@ -332,6 +333,10 @@ BAD_ROWS = {
         ("prompt no content", {"prompt": [{"role": "user"}]}, "prompt"),
         ("prompt empty message", {"prompt": [{"role": "user", "content": ""}]}, "prompt"),
         ("prompt missing", {"question": "x"}, "prompt"),
+        # a reward function receives the batch's own under these names: the column would vanish
+        ("column completions", {"prompt": "p", "completions": "reference"}, "completions"),
+        ("column prompts", {"prompt": "p", "prompts": "x"}, "prompts"),
+        ("column completion_ids", {"prompt": "p", "completion_ids": [1, 2]}, "completion_ids"),
     ],
 }  # fmt: skip
 # which commands read which format

@@ -472,3 +472,21 @@ def test_an_environment_whose_constructor_raises_ends_the_run_with_one_message(p
     source = EnvironmentSource(config, section, build_engine(model, tokenizer), tokenizer, [{}] * 3, None, 512)
     with pytest.raises(EnvSpecError, match=r"could not be built with env\.options \{\}: OSError: the tool server"):
         source.next_batch(1)
+
+
+class LongFirstObservation(SlowAsync):
+    async def reset(self, row):
+        return "x" * 600
+
+
+def test_a_first_observation_longer_than_the_context_is_an_error_not_an_empty_success(policy):
+    """Issue 45, items 4-5: it 'succeeded' training on nothing; every episode erroring ended in 'no
+    sample of this batch has a reward' whatever env.max_error_fraction said."""
+    from posttrain.sources.environment import EnvironmentErrors
+
+    model, tokenizer = policy
+    config = load_rl_config(None, [*BASE, "max_new_tokens=4"])
+    section = EnvSection(name="tests.sources.test_environment:LongFirstObservation", max_error_fraction=1.0)
+    source = EnvironmentSource(config, section, build_engine(model, tokenizer), tokenizer, [{}] * 3, None, 512)
+    with pytest.raises(EnvironmentErrors, match=r"every one of the 6 episodes .* no room for a response within 512"):
+        source.next_batch(1)

@@ -93,3 +93,23 @@ def test_resume_from_a_path_that_is_no_checkpoint_is_one_message(finished_run, c
 def test_overwrite_and_resume_together_are_refused(finished_run, capsys):
     assert main([*SFT, f"output_dir={finished_run}", "overwrite=true", "--resume", "auto"]) == 2
     assert "choose one" in capsys.readouterr().err
+
+
+def test_resume_past_steps_is_refused_and_a_finished_run_says_so(finished_run, capsys):
+    """Issue 45, item 4: --resume auto with steps below the checkpoint's step exited 0 without a word."""
+    before = snapshot(finished_run)
+    capsys.readouterr()
+    assert main([*SFT, "steps=2", f"output_dir={finished_run}", "--resume", "auto"]) == 2
+    err = capsys.readouterr().err
+    assert "step-3 is at step 3, past steps=2, so nothing would run" in err and "Raise steps above 3" in err
+    assert snapshot(finished_run) == before
+    assert main([*SFT, "steps=3", f"output_dir={finished_run}", "--resume", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert "[resume] step 3 restored" in out
+
+
+@pytest.mark.parametrize("command", [SFT, RL], ids=["sft", "rl"])
+def test_fsdp2_in_one_process_says_it_shards_nothing(tmp_path, capsys, command):
+    """Issue 45, item 4: strategy=fsdp2 without torchrun ran as one process without a word."""
+    assert main([*command, "steps=1", "strategy=fsdp2", f"output_dir={tmp_path / 'run'}"]) == 0
+    assert "strategy = 'fsdp2' in a single process: there is nothing to shard" in capsys.readouterr().err
