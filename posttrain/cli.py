@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -339,6 +340,39 @@ class OutlivesItsReader:
         return getattr(self.stream, name)
 
 
+def _say_how_to_go_on(name: str, args: argparse.Namespace, argv: Sequence[str] | None, what: str) -> None:
+    """After Ctrl-C or SIGTERM: what was kept, where a resumed run starts, and the command that
+    resumes it (the one typed, with --resume auto). Printed by rank 0 alone under torchrun."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    output_dir = getattr(args, "output_dir", None)
+    if args.command not in TRAINING_COMMANDS or not output_dir:
+        print(f"\n{name}: {what}", file=sys.stderr)
+        return
+    from posttrain.train.checkpoint import latest_checkpoint
+
+    newest = latest_checkpoint(output_dir)
+    if newest is None:
+        kept = f"there is no checkpoint in {output_dir}, so a resumed run starts again from step 1"
+    else:
+        kept = f"the newest checkpoint is {newest.path}: a resumed run continues at step {newest.step + 1}"
+    print(f"\n{name}: {what}; {kept}. Resume with:\n  {resume_command(argv)}", file=sys.stderr)
+
+
+def resume_command(argv: Sequence[str] | None) -> str:
+    """The command line typed, any resume choice replaced by ``--resume auto``."""
+    words, kept = list(sys.argv[1:] if argv is None else argv), []
+    while words:
+        word = words.pop(0)
+        if word == "--resume" and words:
+            words.pop(0)
+        elif not word.startswith(("--resume=", "resume=")):
+            kept.append(word)
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    launcher = ["torchrun", f"--nproc_per_node={processes}", "-m", "posttrain"] if processes > 1 else ["posttrain"]
+    return shlex.join([*launcher, *kept, "--resume", "auto"])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit status. An error the user can act on (a
     :class:`~posttrain.errors.PosttrainError`) is one message on stderr and status 2; Ctrl-C is
@@ -355,10 +389,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     from posttrain.errors import PosttrainError
+    from posttrain.train.stopping import Stopped
 
     name = " ".join(filter(None, ["posttrain", args.command, getattr(args, "model_command", None)]))
-    if args.command in TRAINING_COMMANDS and not isinstance(sys.stdout, OutlivesItsReader):
-        sys.stdout = OutlivesItsReader(sys.stdout)
+    stdout = sys.stdout
+    if args.command in TRAINING_COMMANDS and not isinstance(stdout, OutlivesItsReader):
+        sys.stdout = OutlivesItsReader(stdout)
     try:
         return args.handler(args)
     except PosttrainError as error:
@@ -369,14 +405,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         if args.debug:
             raise
-        hint = ""
-        if args.command in TRAINING_COMMANDS and getattr(args, "output_dir", None):
-            hint = (
-                f"; the checkpoints in {args.output_dir}/checkpoints are kept: continue with "
-                f"`posttrain {args.command} ... --resume auto`"
-            )
-        print(f"\n{name}: interrupted{hint}", file=sys.stderr)
+        _say_how_to_go_on(name, args, argv, "interrupted (Ctrl-C)")
         return 130
+    except Stopped as error:  # SIGTERM, handled at a step's end (train/stopping.py)
+        if args.debug:
+            raise
+        _say_how_to_go_on(name, args, argv, str(error))
+        return 143
     except BrokenPipeError:
         # the reader went away (`posttrain rl --options | head -1`): nothing more can be printed;
         # stdout is pointed at /dev/null so the interpreter's own flush at exit stays quiet
@@ -384,5 +419,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 1
     finally:
+        sys.stdout = stdout
         if "posttrain.distributed" in sys.modules:  # a command that ran under torchrun leaves its group
             sys.modules["posttrain.distributed"].leave()

@@ -131,6 +131,15 @@ class World:
         dist.all_reduce(total)
         return float(total)
 
+    def any(self, flag: bool) -> bool:
+        """Whether ``flag`` is set on any rank (on the device the backend needs: NCCL takes CUDA tensors)."""
+        if self.size == 1:
+            return flag
+        on_gpu = dist.get_backend() == "nccl"
+        value = torch.tensor([int(flag)], device=torch.device("cuda", torch.cuda.current_device()) if on_gpu else "cpu")
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return bool(value.item())
+
     def mean(self, values: dict[str, float]) -> dict[str, float]:
         """Each value averaged over the ranks (every rank passes the same keys)."""
         if self.size == 1 or not values:

@@ -191,7 +191,12 @@ def write_failure_report(run_dir: str | Path, *, title: str, error: BaseExceptio
 
     Written on the way out of a failing run, so it must never hide the failure it reports: a
     problem building the report is logged and None returned."""
-    reason = "interrupted (Ctrl-C)" if isinstance(error, KeyboardInterrupt) else f"{type(error).__name__}: {error}"
+    if isinstance(error, KeyboardInterrupt):
+        reason = "interrupted (Ctrl-C)"
+    elif hasattr(error, "signal_name"):  # train/stopping.py's Stopped: a stop asked for, not a failure
+        reason = str(error)
+    else:
+        reason = f"{type(error).__name__}: {error}"
     try:
         return write_report(run_dir, title=f"{title} (stopped)", preformatted={"The run stopped": reason})
     except Exception as report_error:  # the run's own error is the one to raise

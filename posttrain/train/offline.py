@@ -26,6 +26,7 @@ from posttrain.errors import TrainingDiverged  # re-exported: raised here, caugh
 from posttrain.memory import return_free_memory
 from posttrain.telemetry import MetricsLogger
 from posttrain.train.checkpoint import (
+    checkpoint_root,
     load_training_state,
     load_weights_into,
     save_checkpoint,
@@ -33,6 +34,7 @@ from posttrain.train.checkpoint import (
 from posttrain.train.run_outputs import Silent, finish_run, on_main, ready_run_dir, report_failure, run_sinks
 from posttrain.train.sampler import EpochSampler
 from posttrain.train.schedule import lr_multiplier
+from posttrain.train.stopping import StopOnSignal
 
 
 class LoopConfig(Section):
@@ -77,6 +79,9 @@ class LoopConfig(Section):
     """Run directory: config.yaml, metrics.jsonl, checkpoints/, final/, report.html."""
     save_every: int = Field(0, ge=0)
     """Checkpoint every this many steps (0: only at the end)."""
+    stop_grace_s: float = Field(20.0, gt=0)
+    """On SIGTERM (Slurm, Kubernetes), seconds to end the current step and save it before the step
+    is abandoned instead; either way the run stops with exit status 143 (train/stopping.py)."""
     keep_last: int = Field(2, ge=1)
     """Complete checkpoints kept; the newest is never deleted."""
     eval_every: int = Field(0, ge=0)
@@ -165,6 +170,7 @@ def train_offline(
 
     history: list[dict[str, float]] = []
     logger, progress = run_sinks(out, config, start_step, progress_keys, label, show_progress)
+    signalled = StopOnSignal(world(), config.stop_grace_s).install()  # SIGTERM: stopping.py
     try:
         if evaluate is not None and start_step == 0:
             _log_eval(evaluate, logger, 0)
@@ -177,8 +183,11 @@ def train_offline(
             history.append({"step": step, **metrics})
             progress.update(step, metrics)
             last_step = step if stop else last_step
-            if (config.save_every and step % config.save_every == 0) or step == last_step:
+            stopping = step < last_step and signalled.stop_here()
+            if (config.save_every and step % config.save_every == 0) or step == last_step or stopping:
                 _save(out, step, objective, config, config_yaml, parts)
+            if stopping:
+                raise signalled.stopped(step, checkpoint_root(out) / f"step-{step}")
             if stop:
                 break
         if evaluate is not None:  # the final evaluation, logged with the last step
@@ -190,6 +199,7 @@ def train_offline(
         report_failure(out, f"posttrain {label}: {out.name}", error)
         raise
     finally:
+        signalled.restore()
         progress.close()
         logger.close()
     return history

@@ -54,7 +54,7 @@ from posttrain.sources import RolloutSource
 from posttrain.sources.build import build_source, check_placement, learner_engine, reward_pool, stop_workers
 from posttrain.sources.recorded import check_replay_folder, run_shape
 from posttrain.telemetry.metrics import check_report_to
-from posttrain.train.checkpoint import load_training_state, load_weights_into, save_checkpoint
+from posttrain.train.checkpoint import checkpoint_root, load_training_state, load_weights_into, save_checkpoint
 from posttrain.train.rl_batch import RolloutBatch
 from posttrain.train.rl_checks import StepWarnings, preflight_rewards
 from posttrain.train.rl_config import RLRun
@@ -69,6 +69,7 @@ from posttrain.train.rl_prepare import (
 from posttrain.train.rl_update import PolicyUpdate
 from posttrain.train.run_dir import start_point
 from posttrain.train.run_outputs import finish_run, on_main, ready_run_dir, report_failure, run_sinks
+from posttrain.train.stopping import StopOnSignal
 
 Echo = Callable[[str], None]
 PROGRESS_KEYS = ("reward/mean", "eval/accuracy", "loss/policy", "kl/ref", "response/length_mean")
@@ -217,6 +218,7 @@ class OnlineRL:
         history: list[dict[str, float]] = []
         logger, progress = run_sinks(self.out, config, start, PROGRESS_KEYS, "rl")
         self.source.start()  # worker start-up is not charged to the first step's reward time
+        stop = StopOnSignal(self.ranks, config.stop_grace_s).install()  # SIGTERM: stopping.py
         try:
             if start == 0 and self.held_out:
                 logger.log(0, self.evaluate())
@@ -230,8 +232,11 @@ class OnlineRL:
                 history.append({"step": step, **metrics})
                 progress.update(step, metrics)
                 self.warnings.check(step, metrics, group_estimator=self.preparer.estimator_needs.groups)
-                if (config.save_every and step % config.save_every == 0) or step == config.steps:
+                stopping = step < config.steps and stop.stop_here()
+                if (config.save_every and step % config.save_every == 0) or step == config.steps or stopping:
                     self.save(step, config_yaml)
+                if stopping:
+                    raise stop.stopped(step, checkpoint_root(self.out) / f"step-{step}")
             if self.held_out:
                 final = self.evaluate()
                 logger.log(config.steps, final)
@@ -242,6 +247,7 @@ class OnlineRL:
             report_failure(self.out, f"posttrain rl: {self.out.name}", error)
             raise
         finally:
+            stop.restore()
             progress.close()
             logger.close()
             self.source.close()

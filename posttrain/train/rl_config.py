@@ -375,6 +375,9 @@ class RLRun(Section):
     """Run directory: config.yaml, metrics.jsonl, samples.jsonl, checkpoints/, final/, report.html."""
     save_every: int = Field(0, ge=0)
     """Checkpoint every this many steps (0: only at the end)."""
+    stop_grace_s: float = Field(20.0, gt=0)
+    """On SIGTERM (Slurm, Kubernetes), seconds to end the current step and save it before the step
+    is abandoned instead; either way the run stops with exit status 143 (train/stopping.py)."""
     keep_last: int = Field(2, ge=1)
     """Complete checkpoints kept; the newest is never deleted."""
     log_every: int = Field(10, ge=1)
