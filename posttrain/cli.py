@@ -401,6 +401,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"{name}: {error}", file=sys.stderr)
+        if "posttrain.distributed" in sys.modules:  # under torchrun: the root cause of its failure summary
+            sys.modules["posttrain.distributed"].tell_torchrun(f"{name}: {error}")
         return 2
     except KeyboardInterrupt:
         if args.debug:

@@ -28,9 +28,13 @@ RL generates with a whole copy of the policy per rank (``rollout/gathered.py``).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -311,6 +315,20 @@ def join(device: torch.device) -> World:
     if not _WORLD.is_main:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
     return _WORLD
+
+
+def tell_torchrun(message: str) -> None:
+    """Under torchrun, leave this process's error ``message`` where torchrun's failure summary reads
+    it (``TORCHELASTIC_ERROR_FILE``), so the summary's root cause is the message, not a hint to
+    decorate the entry point. torchrun's own traceback around that summary is printed by torchrun
+    itself and cannot be suppressed from here."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    stamp = str(int(time.time()))
+    record = {"message": {"message": message, "extraInfo": {"py_callstack": message, "timestamp": stamp}}}
+    with contextlib.suppress(OSError):  # the message is on stderr already
+        Path(path).write_text(json.dumps(record), encoding="utf-8")
 
 
 def note_strategy(strategy: str) -> None:

@@ -395,3 +395,21 @@ def test_an_environments_own_timeout_error_is_reported_as_raised():
     with pytest.raises(EpisodeError) as caught:
         asyncio.run(run())
     assert caught.value.kind == "raised" and isinstance(caught.value.cause, TimeoutError)
+
+
+class NumpyScored:
+    def reset(self, row):
+        return "start"
+
+    def step(self, completion):
+        import numpy as np
+
+        return None, np.float32(0.75), np.bool_(True).item()
+
+
+def test_a_numpy_reward_is_a_number():
+    """Issue 45, item 5: an environment scoring with NumPy (np.float32) was refused."""
+    guarded = GuardedEnvironment(NumpyScored(), timeout_s=5)
+    guarded.reset({})
+    result = guarded.step("x")
+    assert result.reward == 0.75 and type(result.reward) is float

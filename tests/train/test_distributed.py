@@ -119,3 +119,13 @@ def test_two_ranks_resume_from_rank_0s_checkpoint(tmp_path, strategy):
         alone = posttrain([*args, f"output_dir={resumed_dir}", "resume=auto"])
         assert alone.returncode == 2
         assert "saved with strategy fsdp2 and is resumed with ddp (or one process)" in alone.stderr
+
+
+def test_under_torchrun_the_failure_summary_names_the_message(tmp_path):
+    """Issue 45, item 3: torchrun's summary said 'To enable traceback see ...'; it now carries the
+    message as the root cause (torchrun's own traceback around it is torchrun's to print)."""
+    result = posttrain(["sft", *COMMON, *COMMANDS["sft"], f"data.path={tmp_path}/missing.jsonl", "data.task=null",
+                        f"output_dir={tmp_path}/run"], ranks=2)  # fmt: skip
+    assert result.returncode != 0
+    assert f"traceback : posttrain sft: data path '{tmp_path}/missing.jsonl' does not exist" in result.stderr
+    assert "To enable traceback see" not in result.stderr
