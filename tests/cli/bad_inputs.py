@@ -201,6 +201,7 @@ def config_cases() -> list[Case]:
             Case(f"{command}:--config missing", _run(command, "--config", "{tmp}/missing.yaml"), ["missing.yaml"]),
             Case(f"{command}:--config broken", _run(command, "--config", "{tmp}/broken.yaml"), ["broken.yaml", "YAML"]),
             Case(f"{command}:--config list", _run(command, "--config", "{tmp}/list.yaml"), ["list.yaml", "mapping"]),
+            Case(f"{command}:--config bomb", _run(command, "--config", "{tmp}/bomb.yaml"), ["bomb.yaml", "aliases"]),
             Case(f"{command}:--config unknown key", _run(command, "--config", "{tmp}/typo.yaml"), ["stpes", "steps"]),
         ]
     return cases
@@ -228,7 +229,11 @@ def eval_cases() -> list[Case]:
     return cases
 
 
+# "billion laughs": nine aliases of the level below, eight levels deep, under data.task_options
+_LAUGHS = ["    l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+_LAUGHS += [f"    l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]
 CONFIG_FILES = {
+    "bomb.yaml": "data:\n  task_options:\n" + "\n".join(_LAUGHS) + "\n",
     "broken.yaml": "steps: [1, 2\nmodel: {",
     "list.yaml": "- steps: 3\n",
     "typo.yaml": "stpes: 3\n",
