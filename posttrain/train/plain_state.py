@@ -65,8 +65,7 @@ def load_plain_state(folder: str | Path, stem: str) -> dict[str, Any]:
 def _encode(value: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
     if isinstance(value, torch.Tensor):
         name = f"t{len(tensors)}"
-        # a copy of its own: safetensors refuses tensors that share storage (views, tied weights)
-        tensors[name] = value.detach().to("cpu", copy=True).contiguous()
+        tensors[name] = _own_storage(value.detach().cpu(), tensors)
         return {TENSOR: name}
     if isinstance(value, np.generic) and not isinstance(value, np.ndarray):
         value = value.item()  # a NumPy scalar is a number; the array type stays refused below
@@ -85,6 +84,17 @@ def _encode(value: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
         "tensors and JSON values only (str, int, float, bool, None, lists, tuples, dicts) so that loading it never "
         "runs code. Return it as one of those from state_dict() (e.g. an array as a tensor or a list)."
     )
+
+
+def _own_storage(tensor: torch.Tensor, saved: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``tensor`` itself when it is the whole of a storage no saved tensor uses (no copy: an
+    optimizer's state is as large as the model twice over), else a copy: safetensors refuses
+    tensors that share memory (views, tied weights)."""
+    whole = tensor.is_contiguous() and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+    pointer = tensor.untyped_storage().data_ptr()
+    if not whole or any(other.untyped_storage().data_ptr() == pointer for other in saved.values()):
+        return tensor.clone(memory_format=torch.contiguous_format)
+    return tensor
 
 
 def _encode_key(key: Any, where: str) -> Any:

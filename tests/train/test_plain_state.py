@@ -21,6 +21,8 @@ def test_values_come_back_with_their_types(tmp_path):
             {"lr": 1e-3, "betas": (0.9, 0.999), "params": [0, 1], "fused": None, "amsgrad": False}
         ]},
         "view": weights[:, 1],  # shares storage with exp_avg: written as its own tensor
+        "transposed": weights.t(),  # not contiguous
+        "empty": [torch.empty(0), torch.empty(0)],
         "flags": torch.tensor([True, False]),
         "by_pair": {(1, "a"): "x", None: 2.5, "__tuple__": "a key that looks like a tag"},
         "bounds": [math.inf, -math.inf],
@@ -33,6 +35,7 @@ def test_values_come_back_with_their_types(tmp_path):
     assert torch.equal(back["optimizer"]["state"][0]["exp_avg"], weights)
     assert back["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.999)
     assert torch.equal(back["view"], weights[:, 1]) and back["flags"].dtype == torch.bool
+    assert torch.equal(back["transposed"], weights.t()) and [t.numel() for t in back["empty"]] == [0, 0]
     assert back["by_pair"] == {(1, "a"): "x", None: 2.5, "__tuple__": "a key that looks like a tag"}
     assert back["bounds"] == [math.inf, -math.inf] and back["numpy_scalar"] == 0.5
     random.setstate(back["python_rng"])
