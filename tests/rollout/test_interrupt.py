@@ -133,7 +133,12 @@ def test_the_rollout_process_takes_offered_weights(tokenizer):
     weights = new_weights(tokenizer)
     new_model = with_weights(model, weights)
     sampling = SamplingParams(n=2, max_new_tokens=10, seed=4)
-    expected = build_engine(new_model, tokenizer, "native").generate(encode(tokenizer), sampling)
+    threads = torch.get_num_threads()  # the child decodes with 1 thread: so does this reference
+    torch.set_num_threads(1)
+    try:
+        expected = build_engine(new_model, tokenizer, "native").generate(encode(tokenizer), sampling)
+    finally:
+        torch.set_num_threads(threads)
 
     names = [name for name, _ in model.named_parameters()]
     remote = ProcessEngine(copy.deepcopy(model), tokenizer, kind="native", interruptible=names)

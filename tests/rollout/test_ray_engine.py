@@ -37,11 +37,18 @@ def ray_engine(model, tokenizer, echo=print, failures=3) -> RayEngine:
 
 
 def expected(model, tokenizer, prompts, version=0):
-    """What the two workers sample: a local engine over each half, with each worker's seed."""
+    """What the two workers sample: a local engine over each half, with each worker's seed and
+    thread count (1: another count rounds the log-probs differently, which can flip a near-tie)."""
     local = build_engine(model, tokenizer, kind="native", policy_version=version)
     half = len(prompts) // 2
     second = dataclasses.replace(SAMPLING, seed=SAMPLING.seed + SEED_STRIDE)
-    return merge_rollouts([local.generate(prompts[:half], SAMPLING), local.generate(prompts[half:], second)], 0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        halves = [local.generate(prompts[:half], SAMPLING), local.generate(prompts[half:], second)]
+    finally:
+        torch.set_num_threads(threads)
+    return merge_rollouts(halves, 0)
 
 
 def assert_same(got, want):
