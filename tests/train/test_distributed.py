@@ -94,8 +94,10 @@ def test_a_batch_the_ranks_cannot_split_is_refused_before_loading(tmp_path):
             f"output_dir={tmp_path / 'odd'}"]  # fmt: skip
     result = posttrain(args, ranks=2)
     assert result.returncode != 0
-    # each rank's one line (torchrun then reports the failed processes)
-    assert result.stderr.count("posttrain sft: batch_size (7) must be a multiple of the number of processes (2)") == 2
+    # each rank's one line; torchrun then reports the failed processes, each with that message
+    message = "posttrain sft: batch_size (7) must be a multiple of the number of processes (2)"
+    assert [line.startswith(message) for line in result.stderr.splitlines()].count(True) == 2
+    assert result.stderr.count(f"traceback : {message}") == 2
     assert not (tmp_path / "odd" / "metrics.jsonl").exists()
 
 
