@@ -51,6 +51,11 @@ def _train(args: argparse.Namespace) -> int:
 
         config_cls = getattr(runners, config_name)
         load = load_config
+    if (args.nproc_per_node or 1) > 1 and "WORLD_SIZE" not in os.environ and not args.options:
+        from posttrain.launch import launch
+
+        os.environ["POSTTRAIN_COMMAND"] = shlex.join(["posttrain", *args.argv])  # what a rank's message quotes
+        return launch(args.argv, args.nproc_per_node)
     if args.options:
         for key, default, doc in describe(config_cls):
             print(f"{key:<34} {default:<22} {doc}")
@@ -193,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--config", help="a YAML config file (e.g. configs/reverse_sft.yaml)")
         sub.add_argument("--resume", help='"auto" (newest complete checkpoint in output_dir) or a checkpoint path')
         sub.add_argument("--options", action="store_true", help="list every config key with its default and meaning")
+        sub.add_argument(
+            "--nproc-per-node",
+            type=at_least(1),
+            default=None,
+            help="data parallel: run as N processes on this machine (as torchrun --standalone --nproc_per_node N)",
+        )
         sub.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. steps=200 model.path=runs/sft/final")
         sub.set_defaults(handler=_train)
     _add_eval(commands, debug)
@@ -361,7 +372,8 @@ def _say_how_to_go_on(name: str, args: argparse.Namespace, argv: Sequence[str] |
 
 def resume_command(argv: Sequence[str] | None) -> str:
     """The command line typed, any resume choice replaced by ``--resume auto``."""
-    words, kept = list(sys.argv[1:] if argv is None else argv), []
+    typed = os.environ.get("POSTTRAIN_COMMAND")  # set by --nproc-per-node for the ranks it starts
+    words, kept = shlex.split(typed)[1:] if typed else list(sys.argv[1:] if argv is None else argv), []
     while words:
         word = words.pop(0)
         if word == "--resume" and words:
@@ -369,7 +381,8 @@ def resume_command(argv: Sequence[str] | None) -> str:
         elif not word.startswith(("--resume=", "resume=")):
             kept.append(word)
     processes = int(os.environ.get("WORLD_SIZE", "1"))
-    launcher = ["torchrun", f"--nproc_per_node={processes}", "-m", "posttrain"] if processes > 1 else ["posttrain"]
+    torchrun = processes > 1 and not typed
+    launcher = ["torchrun", f"--nproc_per_node={processes}", "-m", "posttrain"] if torchrun else ["posttrain"]
     return shlex.join([*launcher, *kept, "--resume", "auto"])
 
 
@@ -385,6 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.overrides.extend(extra)
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.command is None:
         parser.print_help()
         return 2

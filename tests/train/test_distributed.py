@@ -131,3 +131,18 @@ def test_under_torchrun_the_failure_summary_names_the_message(tmp_path):
     assert result.returncode != 0
     assert f"traceback : posttrain sft: data path '{tmp_path}/missing.jsonl' does not exist" in result.stderr
     assert "To enable traceback see" not in result.stderr
+
+
+def test_nproc_per_node_runs_the_ranks_as_torchrun_does_and_fails_without_a_traceback(tmp_path):
+    """``--nproc-per-node 2`` equals ``torchrun --standalone --nproc_per_node 2``; a refused run ends
+    in the ranks' own messages and exit status 2, not in torchrun's traceback (issue 45, item 3)."""
+    args = ["sft", *COMMON, *COMMANDS["sft"]]
+    by_torchrun = posttrain([*args, f"output_dir={tmp_path / 'torchrun'}"], ranks=2)
+    assert by_torchrun.returncode == 0, by_torchrun.stderr[-3000:]
+    ours = posttrain([*args, "--nproc-per-node", "2", f"output_dir={tmp_path / 'ours'}"])
+    assert ours.returncode == 0, ours.stderr[-3000:]
+    assert metrics(tmp_path / "ours") == metrics(tmp_path / "torchrun")
+    odd = ["--nproc-per-node=2", "batch_size=7", "gradient_accumulation=1", f"output_dir={tmp_path / 'odd'}"]
+    refused = posttrain([*args, *odd])
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "posttrain sft: batch_size (7) must be a multiple of the number of processes (2)" in refused.stderr
