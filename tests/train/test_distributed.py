@@ -94,10 +94,10 @@ def test_a_batch_the_ranks_cannot_split_is_refused_before_loading(tmp_path):
             f"output_dir={tmp_path / 'odd'}"]  # fmt: skip
     result = posttrain(args, ranks=2)
     assert result.returncode != 0
-    # each rank's one line; torchrun then reports the failed processes, each with that message
+    # the ranks' one line each (a rank torchrun stops first may not have printed), and torchrun's root cause
     message = "posttrain sft: batch_size (7) must be a multiple of the number of processes (2)"
-    assert [line.startswith(message) for line in result.stderr.splitlines()].count(True) == 2
-    assert result.stderr.count(f"traceback : {message}") == 2
+    assert any(line.startswith(message) for line in result.stderr.splitlines())
+    assert f"traceback : {message}" in result.stderr
     assert not (tmp_path / "odd" / "metrics.jsonl").exists()
 
 

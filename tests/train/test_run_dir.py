@@ -87,7 +87,12 @@ def test_resume_with_a_changed_model_or_dataset_is_refused_naming_the_keys(finis
 def test_resume_from_a_path_that_is_no_checkpoint_is_one_message(finished_run, capsys):
     missing = finished_run / "checkpoints" / "step-99"
     assert main([*SFT, "steps=4", f"output_dir={finished_run}", "--resume", str(missing)]) == 2
+    assert f"resume={missing}: {missing} does not exist: a checkpoint is a folder" in capsys.readouterr().err
+    missing.mkdir()
+    assert main([*SFT, "steps=4", f"output_dir={finished_run}", "--resume", str(missing)]) == 2
     assert f"resume={missing}: {missing} is not a complete checkpoint" in capsys.readouterr().err
+    assert main([*SFT, "steps=4", f"output_dir={finished_run}", "--resume", str(finished_run)]) == 2
+    assert f"{finished_run} is a run folder, not a checkpoint" in capsys.readouterr().err
 
 
 def test_overwrite_and_resume_together_are_refused(finished_run, capsys):
