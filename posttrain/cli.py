@@ -55,7 +55,7 @@ def _train(args: argparse.Namespace) -> int:
         from posttrain.launch import launch
 
         os.environ["POSTTRAIN_COMMAND"] = shlex.join(["posttrain", *args.argv])  # what a rank's message quotes
-        return launch(args.argv, args.nproc_per_node)
+        return launch(without_option(args.argv, "--nproc-per-node"), args.nproc_per_node)
     if args.options:
         for key, default, doc in describe(config_cls):
             print(f"{key:<34} {default:<22} {doc}")
@@ -163,15 +163,22 @@ def _import_gguf(args: argparse.Namespace) -> int:
     return 0
 
 
-def positive_int(text: str) -> int:
-    """argparse type of a count: an integer ≥ 1 (argparse names the flag in its error)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
+OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # a dotted config key, then its value
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer ≥ ``low``, or argparse's one-line refusal naming the flag."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} must be at least {low}")
+        return value
+
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -222,14 +229,14 @@ def _add_eval(commands: Any, debug: argparse.ArgumentParser) -> None:
         "--data", default=None, help="a data file (.jsonl, .csv, .parquet, ...) with a prompt column, instead of --task"
     )
     evaluate.add_argument("--reward", default=None, help="reward to score with (default: the task's)")
-    evaluate.add_argument("--n", type=positive_int, default=500, help="held-out rows (with --data: the first n)")
+    evaluate.add_argument("--n", type=at_least(1), default=500, help="held-out rows (with --data: the first n)")
     evaluate.add_argument(
         "--k",
-        type=positive_int,
+        type=at_least(1),
         default=1,
         help="also report pass@k and mean@k (with its standard error) over k samples at temperature 1",
     )
-    evaluate.add_argument("--max-new-tokens", type=positive_int, default=16)
+    evaluate.add_argument("--max-new-tokens", type=at_least(1), default=16)
     evaluate.add_argument(
         "--prompt-template", default=None, help="as data.prompt_template in the run's config (e.g. r1_zero)"
     )
@@ -259,24 +266,6 @@ def _add_models(commands: Any, debug: argparse.ArgumentParser) -> None:
     gguf.add_argument("file", help="the .gguf file")
     gguf.add_argument("out_dir", help="the folder to write")
     gguf.set_defaults(handler=_import_gguf)
-
-
-OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # a dotted config key, then its value
-
-
-def at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: an integer ≥ ``low``, or argparse's one-line refusal naming the flag."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{value} is below {low}, the smallest value it takes")
-        return value
-
-    return parse
 
 
 def _add_demo(commands: Any, debug: argparse.ArgumentParser) -> None:
@@ -318,6 +307,14 @@ def _add_demo(commands: Any, debug: argparse.ArgumentParser) -> None:
     demo.set_defaults(handler=_demo)
 
 
+def to_devnull(stream: Any) -> None:
+    """Point ``stream``'s file at /dev/null once its reader has gone: the interpreter's own flush
+    at exit then stays quiet."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, stream.fileno())
+    os.close(devnull)
+
+
 class OutlivesItsReader:
     """stdout for a training command: when its reader goes away (``posttrain rl ... | head -1``)
     the rest of the output is dropped and training goes on to its checkpoints and ``final/``,
@@ -343,9 +340,7 @@ class OutlivesItsReader:
 
     def _drop_the_rest(self) -> None:
         self.reader_gone = True
-        devnull = os.open(os.devnull, os.O_WRONLY)  # the interpreter's own flush at exit then stays quiet
-        os.dup2(devnull, self.stream.fileno())
-        os.close(devnull)
+        to_devnull(self.stream)
 
     def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, ... of the stream itself
         return getattr(self.stream, name)
@@ -370,16 +365,23 @@ def _say_how_to_go_on(name: str, args: argparse.Namespace, argv: Sequence[str] |
     print(f"\n{name}: {what}; {kept}. Resume with:\n  {resume_command(argv)}", file=sys.stderr)
 
 
+def without_option(argv: Sequence[str], option: str) -> list[str]:
+    """``argv`` without ``option VALUE`` / ``option=VALUE``."""
+    words, kept = list(argv), []
+    while words:
+        word = words.pop(0)
+        if word == option and words:
+            words.pop(0)
+        elif not word.startswith(f"{option}="):
+            kept.append(word)
+    return kept
+
+
 def resume_command(argv: Sequence[str] | None) -> str:
     """The command line typed, any resume choice replaced by ``--resume auto``."""
     typed = os.environ.get("POSTTRAIN_COMMAND")  # set by --nproc-per-node for the ranks it starts
-    words, kept = shlex.split(typed)[1:] if typed else list(sys.argv[1:] if argv is None else argv), []
-    while words:
-        word = words.pop(0)
-        if word == "--resume" and words:
-            words.pop(0)
-        elif not word.startswith(("--resume=", "resume=")):
-            kept.append(word)
+    words = shlex.split(typed)[1:] if typed else list(sys.argv[1:] if argv is None else argv)
+    kept = [word for word in without_option(words, "--resume") if not word.startswith("resume=")]
     processes = int(os.environ.get("WORLD_SIZE", "1"))
     torchrun = processes > 1 and not typed
     launcher = ["torchrun", f"--nproc_per_node={processes}", "-m", "posttrain"] if torchrun else ["posttrain"]
@@ -429,10 +431,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say_how_to_go_on(name, args, argv, str(error))
         return 143
     except BrokenPipeError:
-        # the reader went away (`posttrain rl --options | head -1`): nothing more can be printed;
-        # stdout is pointed at /dev/null so the interpreter's own flush at exit stays quiet
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        # the reader went away (`posttrain rl --options | head -1`): nothing more can be printed
+        to_devnull(sys.stdout)
         return 1
     finally:
         sys.stdout = stdout

@@ -16,21 +16,10 @@ import uuid
 from collections.abc import Sequence
 
 
-def without_flag(argv: Sequence[str]) -> list[str]:
-    """``argv`` without ``--nproc-per-node N`` / ``--nproc-per-node=N`` (the ranks run the rest)."""
-    words, kept = list(argv), []
-    while words:
-        word = words.pop(0)
-        if word == "--nproc-per-node" and words:
-            words.pop(0)
-        elif not word.startswith("--nproc-per-node="):
-            kept.append(word)
-    return kept
-
-
 def launch(argv: Sequence[str], processes: int) -> int:
-    """Run ``python -m posttrain *argv`` as ``processes`` ranks here; their exit status (the first
-    failed rank's: 2 for an error it explained, 143 when stopped by SIGTERM), or 0."""
+    """Run ``python -m posttrain *argv`` (without the launch option) as ``processes`` ranks here;
+    their exit status (the first failed rank's: 2 for an error it explained, 143 when stopped by
+    SIGTERM), or 0."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -48,7 +37,7 @@ def launch(argv: Sequence[str], processes: int) -> int:
         start_method="spawn",
     )
     try:
-        elastic_launch(config, entrypoint=sys.executable)("-m", "posttrain", *without_flag(argv))
+        elastic_launch(config, entrypoint=sys.executable)("-m", "posttrain", *argv)
     except ChildFailedError as failed:  # each failed rank printed its own message
         codes = [failure.exitcode for failure in failed.failures.values()]
         return next((code for code in codes if code > 0), 1)

@@ -94,7 +94,8 @@ def start_point(
     start = _start_point(Path(output_dir), resume, overwrite, config_yaml)
     if steps is None or start.checkpoint is None:
         return start
-    at = int(STEP_DIR.match(start.checkpoint.name).group(1)) if STEP_DIR.match(start.checkpoint.name) else None
+    named = STEP_DIR.match(start.checkpoint.name)  # a path given to --resume may be named otherwise
+    at = int(named.group(1)) if named else None
     if at is not None and at > steps:
         raise RunDirError(
             f"resume={resume}: {start.checkpoint} is at step {at}, past steps={steps}, so nothing would run. "

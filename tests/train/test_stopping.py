@@ -59,15 +59,21 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def signalled_sft(run: Path, steps: int, number: signal.Signals, status: int) -> str:
+    """An SFT run into ``run`` sent ``number`` after three logged steps; its stderr, once it exits with ``status``."""
+    child = start([*SFT, f"steps={steps}", f"output_dir={run}"])
+    wait_for(lambda: len(logged_steps(run)) >= 3, "three logged steps")
+    child.send_signal(number)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == status, err[-2000:]
+    return err
+
+
 def test_sigterm_saves_the_step_writes_the_report_exits_143_and_resumes_exactly(tmp_path):
     straight = start([*SFT, "steps=40", f"output_dir={tmp_path / 'straight'}"])
     assert straight.wait(timeout=300) == 0, straight.stderr.read()[-2000:]
     run = tmp_path / "stopped"
-    child = start([*SFT, "steps=40", f"output_dir={run}"])
-    wait_for(lambda: len(logged_steps(run)) >= 3, "three logged steps")
-    child.send_signal(signal.SIGTERM)
-    _, err = child.communicate(timeout=60)
-    assert child.returncode == 143, err[-2000:]
+    err = signalled_sft(run, 40, signal.SIGTERM, 143)
     stopped_at = logged_steps(run)[-1]["step"]
     assert stopped_at < 40 and f"stopped by SIGTERM after step {stopped_at}" in err and "Traceback" not in err
     assert f"the newest checkpoint is {run / 'checkpoints' / f'step-{stopped_at}'}" in err
@@ -126,10 +132,6 @@ def test_one_ranks_sigterm_stops_both_ranks_after_the_same_step_and_they_resume_
 def test_ctrl_c_says_truly_that_there_is_no_checkpoint(tmp_path):
     """It said 'the checkpoints ... are kept' when there were none."""
     run = tmp_path / "run"
-    child = start([*SFT, "steps=400", f"output_dir={run}"])
-    wait_for(lambda: len(logged_steps(run)) >= 3, "three logged steps")
-    child.send_signal(signal.SIGINT)
-    _, err = child.communicate(timeout=60)
-    assert child.returncode == 130, err[-2000:]
+    err = signalled_sft(run, 400, signal.SIGINT, 130)
     assert f"interrupted (Ctrl-C); there is no checkpoint in {run}, so a resumed run starts again from step 1" in err
     assert f"output_dir={run} --resume auto" in err and "are kept" not in err
