@@ -228,7 +228,7 @@ def _load_legacy_state(file: Path) -> dict[str, Any]:
     (CVE-2025-32434), so there such a checkpoint is refused outright."""
     if tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2]) < (2, 6):
         raise CheckpointError(
-            f"{file} is a pickle from an older posttrain, which torch {torch.__version__} cannot read safely. "
+            f"{file} was refused: an older posttrain's pickle, which torch {torch.__version__} cannot read safely. "
             "Resume with torch >= 2.6, or start from its weights without --resume (model.path=<that folder>)."
         )
     core = np.core if np.__version__.startswith("1.") else np._core
