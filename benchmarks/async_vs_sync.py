@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from posttrain.data.tasks.reverse import reverse_reward
-from posttrain.demo import DemoConfig, _demo_rows, _rl_config, _sft_stage, available_cores
+from posttrain.demo import DemoConfig, _demo_rows, _sft_stage, available_cores, rl_stage_config
 from posttrain.models.tiny import build_tiny_causal_lm
 from posttrain.models.tokenizers import build_char_tokenizer
 from posttrain.train.rl import OnlineRL
@@ -63,15 +63,9 @@ def main() -> int:
     threads = args.threads or available_cores()
     torch.set_num_threads(threads)
     out = Path(args.output_dir)
+    rl = (f"steps={args.rl_steps}", f"eval_every={args.eval_every}", f"log_every={max(args.rl_steps // 4, 1)}")
     config = DemoConfig(
-        seed=args.seed,
-        output_dir=str(out),
-        rl_steps=args.rl_steps,
-        sft_max_steps=args.sft_max_steps,
-        eval_every=args.eval_every,
-        baseline=False,
-        threads=threads,
-        log_every=max(args.rl_steps // 4, 1),
+        seed=args.seed, output_dir=str(out), sft_max_steps=args.sft_max_steps, baseline=False, threads=threads, rl=rl
     )
     validation, labelled, unlabelled, test_rows = _demo_rows(config)
     tokenizer = build_char_tokenizer()
@@ -89,8 +83,8 @@ def main() -> int:
         label = f"{eta}+i" if interrupt else str(eta)
         torch.set_num_threads(threads)
         policy = copy.deepcopy(model)  # every run starts from the same SFT weights
-        variant = replace(config, max_staleness=eta, interrupt=interrupt)
-        rl_config = _rl_config(variant, out / f"rl-eta{eta}{'-interrupt' if interrupt else ''}")
+        variant = replace(config, rl=(*config.rl, f"rollout.max_staleness={eta}", f"rollout.interrupt={interrupt}"))
+        rl_config = rl_stage_config(variant, out / f"rl-eta{eta}{'-interrupt' if interrupt else ''}")
         run = OnlineRL(
             rl_config,
             model=policy,

@@ -24,6 +24,8 @@ one resolves only when its first question hits, so its turns per resolution star
 minimum of 2), and the greedy bot's dialogues on three issues before and after.
 
     python examples/support_bot.py               # runs/support_bot/{sft,grpo}
+    python examples/support_bot.py --variant dapo         # DAPO for the RL stage
+    python examples/support_bot.py --variant curriculum   # patient users first (data.curriculum)
     python examples/support_bot.py --quick       # the test's shortened version
 """
 
@@ -49,6 +51,7 @@ from posttrain.sources.environment import EnvironmentSource
 from posttrain.telemetry.metrics import read_jsonl
 from posttrain.train.offline import LoopConfig, train_offline
 from posttrain.train.rl_config import load_rl_config
+from posttrain.train.rl_sources import sampling_plan
 from posttrain.train.sft import SFTObjective
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "support_bot_grpo.yaml"
@@ -63,6 +66,19 @@ FIGURES = {  # summary name: evaluation metric (eval/<metric>, eval/sampled_<met
 # the same runs, evaluated on fewer rows and only before and after: in 30 steps the sampled
 # resolution already rises but the turns per resolution fall only later (README table)
 QUICK_RL = ["eval_every=0", "eval_size=48"]
+# the RL stage's algorithm and data order besides the config's GRPO over every row (--variant)
+VARIANTS = {
+    "grpo": [],
+    # DAPO: clip-higher, dynamic sampling (groups of episodes whose returns are all equal are
+    # dropped and more rows drawn) and overlong shaping of an episode's sampled tokens
+    "dapo": ["algorithm=dapo"],
+    # patient users first: a row's difficulty d takes d turns off its user's patience (4, 3, 2);
+    # the next level once half of a step's episodes resolve without a wrong fix (return >= 0.5)
+    "curriculum": [
+        "data.curriculum.column=difficulty", "data.curriculum.levels=[0, 1, 2]", "data.curriculum.window=3",
+        "data.curriculum.advance_at=0.5", "data.curriculum.pass_score=0.5",
+    ],
+}  # fmt: skip
 
 
 def cold_start(out: Path, seed: int, steps: int) -> dict[str, Any]:
@@ -97,6 +113,9 @@ def summarise(rl_dir: Path) -> dict[str, Any]:
         for name, key in FIGURES.items():
             if prefix + key in first:
                 summary[f"{mode}_{name}"] = [first[prefix + key], last[prefix + key]]
+    levels = [r["curriculum/level"] for r in read_jsonl(rl_dir / "metrics.jsonl") if "curriculum/level" in r]
+    if levels:  # the step each level was first drawn at
+        summary["curriculum_level_from_step"] = {int(level): levels.index(level) + 1 for level in sorted(set(levels))}
     return summary
 
 
@@ -104,7 +123,9 @@ def dialogues(model_dir: Path, rows: list[dict[str, Any]]) -> list[str]:
     """Greedy episodes of a saved bot on ``rows``, as readable text (the RL stage's settings)."""
     model, tokenizer = load_causal_lm(model_dir), load_tokenizer(model_dir)
     config = load_rl_config(CONFIG, ["prompts_per_step=1", "eval_k=0"])
-    source = EnvironmentSource(config, config.env, build_engine(model, tokenizer), tokenizer, rows, None, 512)
+    source = EnvironmentSource(
+        sampling_plan(config), config.env, build_engine(model, tokenizer), tokenizer, rows, None, 512
+    )
     source.evaluate(rows)
     shown = []
     for episode in source.last_result:
@@ -120,13 +141,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--output-dir", default="runs/support_bot", help="holds sft/ and grpo/")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="the test's shortened run")
+    parser.add_argument("--variant", choices=sorted(VARIANTS), default="grpo", help="the RL stage's algorithm")
     args = parser.parse_args(argv)
     out = Path(args.output_dir)
     start = time.perf_counter()
-    summary: dict[str, Any] = cold_start(out / "sft", args.seed, SFT_STEPS)
+    summary: dict[str, Any] = {"variant": args.variant, **cold_start(out / "sft", args.seed, SFT_STEPS)}
     summary["sft_s"] = round(time.perf_counter() - start, 1)
     rl = ["rl", "--config", str(CONFIG), f"model.path={out / 'sft' / 'final'}", f"output_dir={out / 'grpo'}"]
-    rl += ["overwrite=true", f"seed={args.seed}", *(QUICK_RL if args.quick else [])]
+    rl += ["overwrite=true", f"seed={args.seed}", *VARIANTS[args.variant], *(QUICK_RL if args.quick else [])]
     if posttrain(rl) != 0:
         raise SystemExit("the RL stage failed")
     summary["rl_s"] = round(time.perf_counter() - start - summary["sft_s"], 1)

@@ -18,6 +18,10 @@ reward function        ``rewards/`` — ``@register_reward("name")``, or any
 task (generated data)  ``data/tasks/`` — ``@TASKS.register("name")``
 rollout source         ``sources/`` — a :class:`~posttrain.sources.RolloutSource`: multi-
                        turn environments, replay, an async producer, Ray workers
+data-side feature      ``sources/`` — a ``SourceWrapper`` (``sources/wrapper.py``) over any
+                       sampling source, composed in ``train/rl_sources.py:data_side``
+baseline               ``algos/`` — ``@register_baseline("name")`` (kept by the loop, or
+                       played by the source: ``plays_greedy``)
 environment            ``envs/`` — ``@register_environment("name")``, or any
                        ``pkg.module:Class``; the class shape is the contract in
                        docs/design.md (section "Next"); episodes are assembled by
@@ -30,9 +34,14 @@ launcher (torchrun)    one module under ``train/``, wrapping the loop, not insid
 metric sink            ``telemetry/metrics.py`` (``report_to``)
 =====================  ==================================================================
 
-The RL loop is ``train/rl.py`` (wiring, run, save) with a file per stage: ``rl_prepare.py``
-(π_old, π_ref, values, token rewards, advantages), ``rl_update.py`` (minibatches, accumulation,
-metrics), ``rl_eval.py``; its config is ``train/rl_config.py``. The offline loop behind
+Floors: imports go one way, ``algos → models → data → rollout → rewards → envs → evaluate →
+sources → train → cli`` over a ground of small modules (errors, config, devices, distributed,
+...); the sources never import the loop (docs/design.md, "Package layout"; tests/test_layout.py).
+
+The RL loop is ``train/rl.py`` (run, save) with a file per stage: ``rl_sources.py`` (the wiring
+of its source and data-side wrappers), ``rl_prepare.py`` (π_old, π_ref, values, token rewards,
+advantages), ``rl_update.py`` (minibatches, accumulation, metrics); its config is
+``train/rl_config.py``. The offline loop behind
 ``sft``/``rm``/``dpo`` and the demo is ``train/offline.py``, its objectives ``train/sft.py`` and
 ``train/preference.py``, the commands' configs ``train/recipes.py``. Formulas: docs/algorithms.md; design:
 docs/design.md.

@@ -129,25 +129,32 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from posttrain.config import ConfigError
     from posttrain.demo import DemoConfig, run_demo
 
-    if args.interrupt and args.max_staleness < 1:  # before any stage runs
-        raise ConfigError("--interrupt switches generations in flight to newer weights: it needs --max-staleness >= 1")
     run_demo(
         DemoConfig(
             seed=args.seed,
             output_dir=args.output_dir,
-            rl_steps=args.rl_steps,
             sft_max_steps=args.sft_max_steps,
             baseline=not args.no_baseline,
             threads=args.threads,
-            max_staleness=args.max_staleness,
-            interrupt=args.interrupt,
-            ray_workers=args.ray_workers,
+            rl=tuple(demo_rl_overrides(args)),
         )
     )
     return 0
+
+
+def demo_rl_overrides(args: argparse.Namespace) -> list[str]:
+    """The demo's RL flags as the overrides of its RL stage's config they stand for, then the
+    ``key=value`` overrides given after them (the later win)."""
+    flags = {
+        "steps": args.rl_steps,
+        "rollout.max_staleness": args.max_staleness,
+        "rollout.interrupt": "true" if args.interrupt else None,
+        "cluster.kind": "ray" if args.ray_workers else None,
+        "cluster.rollout_workers": args.ray_workers or None,
+    }
+    return [f"{key}={value}" for key, value in flags.items() if value is not None] + list(args.overrides)
 
 
 def _import_gguf(args: argparse.Namespace) -> int:
@@ -280,17 +287,18 @@ def _add_demo(commands: Any, debug: argparse.ArgumentParser) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     # These defaults repeat DemoConfig's (reading them from it would import torch for --help);
-    # tests/test_cli.py checks that the two agree.
+    # tests/test_cli.py checks that the two agree. The RL flags default to None: they override
+    # keys of the RL stage's config (posttrain/demo_rl.yaml) only when given.
     demo.add_argument("--seed", type=at_least(0), default=0, help="seeds weights, names, shuffling and sampling")
     demo.add_argument("--output-dir", default="runs/demo", help="run directory")
-    demo.add_argument("--rl-steps", type=at_least(1), default=600, help="GRPO steps (32 prompts x 8 samples)")
+    demo.add_argument("--rl-steps", type=at_least(1), default=None, help="GRPO steps (steps=N; demo_rl.yaml: 600)")
     demo.add_argument("--sft-max-steps", type=at_least(1), default=400, help="SFT steps at most (it stops early)")
     demo.add_argument("--no-baseline", action="store_true", help="skip the continued-SFT comparison")
     demo.add_argument("--threads", type=at_least(1), default=None, help="torch threads; all cores if not given")
     demo.add_argument(
         "--max-staleness",
         type=at_least(0),
-        default=0,
+        default=None,
         help="asynchronous RL: sample up to this many policy versions ahead of the learner (0: synchronous)",
     )
     demo.add_argument(
@@ -303,6 +311,12 @@ def _add_demo(commands: Any, debug: argparse.ArgumentParser) -> None:
         type=at_least(0),
         default=0,
         help="sample the RL stage on this many Ray rollout workers (a local Ray cluster; needs posttrain[dist])",
+    )
+    demo.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="overrides of the RL stage's config (posttrain/demo_rl.yaml), e.g. algorithm=dapo learning_rate=3e-4",
     )
     demo.set_defaults(handler=_demo)
 

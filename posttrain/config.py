@@ -19,6 +19,7 @@ from typing import Annotated, Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.fields import FieldInfo
 
 from posttrain.errors import PosttrainError
 
@@ -124,6 +125,13 @@ class Section(BaseModel):
     """Base of every config section: unknown keys are errors, options document themselves."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
+
+
+def with_default(section: type[Section], name: str, default: Any) -> Any:
+    """The declaration of option ``name`` of ``section`` (its type's bounds and its documentation)
+    with another default: a config made of a shared section changes a default without declaring
+    the option twice (``steps: int = with_default(RunOptions, "steps", 200)``)."""
+    return FieldInfo.merge_field_infos(section.model_fields[name], default=default)
 
 
 class ConfigError(PosttrainError, ValueError):

@@ -28,6 +28,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,6 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 import posttrain
-from posttrain.config import validate_config
 from posttrain.data.tasks.reverse import MANUAL_NAMES, make_rows, parse_answer, reverse_reward, split_names
 from posttrain.evaluate import EvalResult, evaluate, sample_completions
 from posttrain.models.tiny import build_tiny_causal_lm
@@ -44,7 +44,7 @@ from posttrain.rollout.types import SamplingParams
 from posttrain.telemetry.report import comparison_plot, write_report
 from posttrain.train.offline import LoopConfig, train_offline
 from posttrain.train.rl import OnlineRL
-from posttrain.train.rl_config import RLRun, read_preset
+from posttrain.train.rl_config import RLRun, load_rl_config
 from posttrain.train.sft import SFTObjective
 
 Echo = Callable[[str], None]
@@ -72,35 +72,16 @@ class DemoConfig:
     half of that window, where a sample at temperature 1 is right often enough to compare."""
     sft_check_every: int = 2
     """Validation check interval (SFT steps); a check of 100 names takes ~0.05 s."""
-    rl_steps: int = 600
-    """GRPO steps of prompts_per_step × samples_per_prompt samples (~0.15 s each here)."""
-    rl_learning_rate: float = 5e-4
-    """Peak AdamW rate of the RL stage. At 1e-3 this 547k-parameter model collapses within a
-    few steps (its few correct samples are pushed away with the wrong ones)."""
-    rl_scheduler: str = "cosine"
-    """Rate schedule of the RL stage: a cosine decay settles the policy by the last step,
-    where a constant rate leaves held-out accuracy swinging by a few points."""
-    prompts_per_step: int = 32
-    """Prompts per RL step."""
-    samples_per_prompt: int = 8
-    """Completions per prompt (the group)."""
-    eval_every: int = 100
-    """Held-out evaluation interval of the RL stage (steps)."""
-    max_staleness: int = 0
-    """The RL stage's rollout.max_staleness: 0 synchronous; η ≥ 1 samples the next batches in a
-    producer thread while the learner trains (seed 004, sources/async_producer.py)."""
-    interrupt: bool = False
-    """The RL stage's rollout.interrupt (with max_staleness ≥ 1): batches in flight switch to the
-    learner's new weights at a token boundary."""
-    ray_workers: int = 0
-    """The RL stage's rollouts on this many Ray rollout workers (cluster.kind: ray, a local
-    cluster started for the stage; rollout/ray_engine.py); 0 samples in this process."""
+    rl: tuple[str, ...] = ()
+    """``key=value`` overrides of the RL stage's config (``posttrain/demo_rl.yaml``: GRPO, 600
+    steps of 32 prompts × 8 samples, ...); the command's --rl-steps, --max-staleness, --interrupt
+    and --ray-workers are such overrides."""
     baseline: bool = True
     """Also run the continued-SFT baseline for the RL stage's training time."""
     threads: int | None = None
     """torch intra-op threads; None uses every core this process may run on."""
     log_every: int = 25
-    """Progress line interval (steps)."""
+    """Progress line interval of the SFT stages (steps; the RL stage's is its config's log_every)."""
 
 
 def available_cores() -> int:
@@ -196,54 +177,26 @@ def _encoded(objective: SFTObjective, rows: list[dict]) -> list[Any]:
     return [objective.encode(row) for row in rows]
 
 
-def _rl_config(config: DemoConfig, out: Path) -> RLRun:
-    """GRPO as the lecture runs it: group-mean advantages scaled by the group std, the PPO
-    clipped loss, a token-level mean, no KL term (the reward is verifiable, nothing to hack)."""
-    algorithm = read_preset("grpo")
-    algorithm.update({"agg_mode": "token-mean", "kl": {"placement": "none", "coef": 0.0}})
-    return validate_config(
-        RLRun,
-        {
-            "model": {"tiny": {}},  # the model object is passed in; this only satisfies the schema
-            "data": {"task": "reverse"},
-            "algorithm": algorithm,
-            "steps": config.rl_steps,
-            "prompts_per_step": config.prompts_per_step,
-            "samples_per_prompt": config.samples_per_prompt,
-            "max_new_tokens": 12,
-            # the reward reads up to the first "."; text after it would only drift (rl_config.py)
-            "sampling": {"stop": ["."]},
-            "reward_workers": 0,  # a string comparison: threads, no worker start-up
-            "learning_rate": config.rl_learning_rate,
-            "lr_scheduler": config.rl_scheduler,
-            "eval_every": config.eval_every,
-            "eval_size": config.n_test,
-            "rollout": {"max_staleness": config.max_staleness, "interrupt": config.interrupt},
-            "cluster": (
-                {"kind": "ray", "rollout_workers": config.ray_workers} if config.ray_workers else {"kind": "local"}
-            ),
-            "seed": config.seed,
-            "output_dir": str(out),
-            "overwrite": True,  # the demo redoes its own stages when run again
-            "log_every": config.log_every,
-            "log_samples": 4,
-        },
-        source="the demo",
-    )
+def rl_stage_config(config: DemoConfig, out: Path) -> RLRun:
+    """The RL stage's config: ``demo_rl.yaml`` with the demo's seed, folder, held-out size and
+    threads, then ``config.rl``'s overrides; checked before any stage runs."""
+    with resources.as_file(resources.files("posttrain") / "demo_rl.yaml") as path:
+        fixed = [f"seed={config.seed}", f"output_dir={out}", f"eval_size={config.n_test}"]
+        fixed += [f"threads={config.threads}"] if config.threads else []
+        return load_rl_config(path, [*fixed, *config.rl])
 
 
 def _rl_stage(
-    config: DemoConfig,
+    config: RLRun,
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     prompts: list[dict],
     test_rows: list[dict],
-    out: Path,
     echo: Echo,
 ) -> tuple[list[dict[str, float]], EvalResult]:
-    """GRPO on the unlabelled prompts (the RL loop, in ``out``): its metrics and last evaluation."""
+    """GRPO on the unlabelled prompts (the RL loop, in ``config.output_dir``): its metrics and last evaluation."""
     rl = OnlineRL(
-        _rl_config(config, out),
+        config,
         model=model,
         tokenizer=tokenizer,
         reward_functions=[reverse_reward],
@@ -312,9 +265,10 @@ def _demo_rows(config: DemoConfig) -> tuple[list[dict], list[dict], list[dict], 
 def run_demo(config: DemoConfig, echo: Echo = print) -> dict[str, Any]:
     """SFT, evaluate, GRPO, evaluate, baseline, report; returns the summary it writes."""
     started = time.perf_counter()
+    out = Path(config.output_dir)
+    rl_config = rl_stage_config(config, out / "rl")  # a bad override stops here, before any stage
     torch.set_num_threads(config.threads or available_cores())
     torch.manual_seed(config.seed)
-    out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
 
     tokenizer = build_char_tokenizer()
@@ -341,9 +295,9 @@ def run_demo(config: DemoConfig, echo: Echo = print) -> dict[str, Any]:
     echo(f"Sampled (temperature 1) exact match, the signal RL starts from: {100 * sampled:.2f}%\n")
 
     # 2. GRPO on unlabelled prompts
-    history, after_rl = _rl_stage(config, model, tokenizer, unlabelled, test_rows, out / "rl", echo)
+    history, after_rl = _rl_stage(rl_config, model, tokenizer, unlabelled, test_rows, echo)
     rl_seconds = sum(h.get("time/step_s", 0.0) for h in history)
-    print_results(f"After GRPO ({config.rl_steps} steps, {rl_seconds:.1f} s):", after_rl, echo)
+    print_results(f"After GRPO ({rl_config.steps} steps, {rl_seconds:.1f} s):", after_rl, echo)
 
     # 3. the baseline: as much more SFT, on the labelled data, as RL got time
     baseline_points: list[tuple[float, float]] = []
@@ -355,6 +309,7 @@ def run_demo(config: DemoConfig, echo: Echo = print) -> dict[str, Any]:
 
     summary = {
         "config": asdict(config),
+        "rl_steps": rl_config.steps,
         "parameters": n_params,
         "sft": sft,
         "accuracy_after_sft": after_sft.accuracy,

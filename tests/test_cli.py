@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from posttrain.cli import build_parser
+from posttrain.cli import build_parser, demo_rl_overrides
 from posttrain.data.tasks.reverse import make_rows, reverse_reward, split_names
 from posttrain.demo import DemoConfig
 from posttrain.evaluate import evaluate
@@ -38,16 +38,32 @@ def test_no_command_prints_help_and_fails():
 def test_demo_flag_defaults_match_demo_config():
     args = build_parser().parse_args(["demo"])
     defaults = {f.name: f.default for f in dataclasses.fields(DemoConfig)}
-    for name in ("seed", "output_dir", "rl_steps", "sft_max_steps", "threads", "max_staleness", "interrupt"):
+    for name in ("seed", "output_dir", "sft_max_steps", "threads"):
         assert getattr(args, name) == defaults[name], name
     assert args.no_baseline is (not defaults["baseline"])
+    assert demo_rl_overrides(args) == [] == list(defaults["rl"])  # the RL stage is demo_rl.yaml as shipped
+
+
+def test_demo_rl_flags_are_overrides_of_the_rl_stage_config(tmp_path):
+    from posttrain.demo import rl_stage_config
+
+    args = build_parser().parse_args(["demo", "--rl-steps", "40", "--max-staleness", "2", "--interrupt",
+                                      "learning_rate=3e-4", "steps=50"])  # fmt: skip
+    config = rl_stage_config(DemoConfig(output_dir=str(tmp_path), rl=tuple(demo_rl_overrides(args))), tmp_path / "rl")
+    assert (config.steps, config.learning_rate, config.rollout.max_staleness, config.rollout.interrupt) == (
+        50, 3e-4, 2, True,
+    )  # fmt: skip
+    shipped = rl_stage_config(DemoConfig(output_dir=str(tmp_path)), tmp_path / "rl")
+    assert (shipped.steps, shipped.algorithm.preset, shipped.lr_scheduler, shipped.seed) == (600, "grpo", "cosine", 0)
 
 
 def test_demo_interrupt_without_staleness_is_refused_before_any_stage(tmp_path):
     result = run_cli("demo", "--interrupt", "--output-dir", "out", cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "--interrupt" in result.stderr and "--max-staleness >= 1" in result.stderr
+    assert "rollout.interrupt" in result.stderr and "max_staleness >= 1" in result.stderr
     assert not (tmp_path / "out").exists()  # no stage ran
+    result = run_cli("demo", "algorithm.advantage=grpp", "--output-dir", "out", cwd=tmp_path)
+    assert result.returncode == 2 and "Did you mean 'grpo'" in result.stderr and not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize(
@@ -73,7 +89,7 @@ def test_shortened_demo_runs_every_stage_and_rl_raises_the_reward(tmp_path):
     assert result.stdout.count("Manual Examples Accuracy: ") == 2 and "sean     → " in result.stdout
     run = tmp_path / "out"
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["config"]["rl_steps"] == 40 and summary["sft"]["steps"] <= 150
+    assert summary["rl_steps"] == 40 and summary["sft"]["steps"] <= 150
     # the accuracies reported are what the saved models score on the held-out names, evaluated here
     held_out = make_rows(split_names(1, summary["config"]["n_test"], seed=summary["config"]["seed"])[1])
     threads = torch.get_num_threads()

@@ -11,10 +11,10 @@ import torch
 
 from posttrain.config import ConfigError
 from posttrain.devices import DeviceError, compute_precision, resolve_device
-from posttrain.sources.build import producer_kind
 from posttrain.train.recipes import SFTRun, run_sft
 from posttrain.train.rl import OnlineRL
 from posttrain.train.rl_config import load_rl_config
+from posttrain.train.rl_sources import producer_kind
 from tests.sources.test_async_producer import vowel_share
 
 TINY = ["model.tiny.layers=1", "model.tiny.hidden=32", "model.tiny.heads=2"]

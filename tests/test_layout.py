@@ -113,3 +113,62 @@ def test_one_sft_loop():
         if isinstance(node, ast.FunctionDef) and node.name == "train_sft"
     ]
     assert not defined, defined
+
+
+# The floors of the package, lowest first: a folder (or top-level module) imports only from its own
+# floor or below, counting every import — deferred into a function, or under ``if TYPE_CHECKING``
+# — since a deferred import still ties the two folders together (docs/design.md, "Floors").
+FLOORS = [
+    {"errors", "config", "hub", "user_code", "memory", "devices", "distributed", "telemetry"},
+    {"algos"},
+    {"models"},
+    {"data"},
+    {"rollout"},
+    {"rewards"},
+    {"envs"},
+    {"evaluate"},
+    {"sources"},
+    {"train"},
+    {"demo", "launch", "cli", "__main__", "presets", "posttrain"},
+]
+
+
+def folder_of(module: str) -> str:
+    """``posttrain.sources.single_turn`` → ``sources``; ``posttrain.cli`` → ``cli``; ``posttrain`` → itself."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def every_import(path: Path) -> set[str]:
+    """Every posttrain module a file names in an import statement, wherever the statement is."""
+    named: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            named |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            named.add(node.module)
+    return {name for name in named if name == "posttrain" or name.startswith("posttrain.")}
+
+
+def test_imports_go_down_the_floors():
+    floor = {name: level for level, names in enumerate(FLOORS) for name in names}
+    unplaced = sorted({folder_of(module) for module in modules()} - set(floor))
+    assert not unplaced, f"place these in FLOORS: {unplaced}"
+    upward = [
+        f"{path.relative_to(PACKAGE.parent)} imports {name}"
+        for module, path in modules().items()
+        for name in sorted(every_import(path))
+        if floor[folder_of(name)] > floor[folder_of(module)]
+    ]
+    assert not upward, "imports from a higher floor:\n" + "\n".join(upward)
+
+
+def test_the_sources_import_nothing_from_the_loop():
+    """The acceptance line of the imports issue, spelled out: not even lazily or for types."""
+    found = [
+        f"{path.name}: {name}"
+        for path in (PACKAGE / "sources").rglob("*.py")
+        for name in every_import(path)
+        if folder_of(name) == "train"
+    ]
+    assert not found, found

@@ -35,11 +35,13 @@ from posttrain.algos.masked import (
 from posttrain.algos.preference import bradley_terry_loss, dpo_loss
 from posttrain.algos.registry import (
     ADVANTAGE_ESTIMATORS,
+    BASELINES,
     POLICY_LOSSES,
     PREFERENCE_LOSSES,
     Registry,
     UnknownNameError,
     register_advantage,
+    register_baseline,
     register_policy_loss,
     register_preference_loss,
 )
@@ -52,6 +54,7 @@ from posttrain.algos.value import value_loss
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AGGREGATION_MODES",
+    "BASELINES",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
     "PREFERENCE_LOSSES",
@@ -80,6 +83,7 @@ __all__ = [
     "overlong_reward_penalty",
     "place_scores_at_last_token",
     "register_advantage",
+    "register_baseline",
     "register_policy_loss",
     "register_preference_loss",
     "reinforce_returns",

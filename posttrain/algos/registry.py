@@ -49,6 +49,16 @@ class EstimatorNeeds:
     weights as ``component_weights`` (unless the options set them)."""
 
 
+@dataclass(frozen=True)
+class BaselineNeeds:
+    """What an ``algorithm.baseline`` kind needs from a run (``@register_baseline``)."""
+
+    plays_greedy: bool = False
+    """The rollout source plays one greedy sample per group and scores it (ReMax's baseline:
+    ``sources/greedy_baseline.py``, for completions and episodes alike); else the registered
+    factory makes what the loop keeps (a running baseline), or nothing."""
+
+
 class Registry(dict[str, Callable[..., Any]]):
     """A dict of named functions that refuses duplicates and explains unknown names.
 
@@ -169,6 +179,16 @@ def register_advantage(
 
 
 register_preference_loss = PREFERENCE_LOSSES.register
+
+BASELINES = Registry("baseline")
+"""``algorithm.baseline`` kinds: ``factory() -> the running baseline the loop keeps and updates
+with each batch's scores (``value``, ``update``, ``state_dict``), or None``; the estimators that
+read one say so (``EstimatorNeeds.baselines``)."""
+
+
+def register_baseline(name: str, *, plays_greedy: bool = False) -> Callable[[F], F]:
+    """Register a baseline kind under ``name`` (:class:`BaselineNeeds`)."""
+    return BASELINES.register(name, BaselineNeeds(plays_greedy))
 
 
 def register_policy_loss(name: str, agg_mode: str = "token-mean") -> Callable[[F], F]:

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from posttrain.algos.masked import masked_whiten
-from posttrain.algos.registry import register_advantage
+from posttrain.algos.registry import register_advantage, register_baseline
 
 
 def discounted_returns(token_rewards: Tensor, response_mask: Tensor, gamma: float = 1.0) -> Tensor:
@@ -218,3 +218,19 @@ class RunningMeanBaseline:
             float(state["value"]),
             bool(state["initialised"]),
         )
+
+
+register_baseline("running_mean")(RunningMeanBaseline)
+
+
+@register_baseline("none")
+def no_baseline() -> None:
+    """No baseline: the estimator compares with nothing (or with its group)."""
+    return None
+
+
+@register_baseline("greedy", plays_greedy=True)
+def greedy_baseline() -> None:
+    """ReMax (Li et al., 2023): b = the reward of one greedy sample of the prompt, played and
+    scored by the rollout source (``sources/greedy_baseline.py``); the loop keeps nothing."""
+    return None

@@ -140,7 +140,7 @@ def _read_rows(
         return read_dataset(section.path, **options), held_out, None
     curriculum = getattr(section, "curriculum", None)  # RL's data section alone has one
     try:
-        if curriculum is not None:
+        if curriculum is not None and curriculum.column is None:  # levels of a task's options
             from posttrain.data.curriculum import curriculum_rows
 
             sizes = (section.n_train, section.n_eval, seed)

@@ -24,35 +24,13 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass
 from typing import Any
 
+from posttrain.data.tasks.support import CLUES, FIXES, ISSUES, ISSUES_BY_NAME, Issue, support_rows
 from posttrain.envs.base import register_environment
 
+__all__ = ["CLUES", "FIXES", "ISSUES", "Issue", "SupportBot", "scripted_actions", "support_rows"]
 
-@dataclass(frozen=True)
-class Issue:
-    """A hidden problem: the symptom the user reports, the clue that is true only for it
-    (what ``ask: <clue>?`` confirms) and the fix that resolves it."""
-
-    name: str
-    symptom: str
-    clue: str
-    fix: str
-
-
-# Three symptoms, each shared by two issues, told apart by either issue's clue.
-ISSUES = (
-    Issue("flat_battery", "my laptop will not turn on", "battery", "charge"),
-    Issue("loose_cord", "my laptop will not turn on", "cord", "plug"),
-    Issue("router_down", "my wifi does not work", "router", "reboot"),
-    Issue("wrong_password", "my wifi does not work", "password", "reset"),
-    Issue("dim_screen", "my screen is dark", "brightness", "brighten"),
-    Issue("old_driver", "my screen is dark", "driver", "update"),
-)
-_BY_NAME = {issue.name: issue for issue in ISSUES}
-CLUES = tuple(issue.clue for issue in ISSUES)
-FIXES = tuple(issue.fix for issue in ISSUES)
 
 _ASK = re.compile(r"ask:\s*([a-z]+)\s*\?")
 _FIX = re.compile(r"fix:\s*([a-z]+)")
@@ -71,9 +49,9 @@ def hidden_issue(row: dict[str, Any]) -> Issue:
     """The row's hidden issue: its ``issue`` column (a name of :data:`ISSUES`), else drawn from
     its ``seed`` column."""
     if "issue" in row:
-        if row["issue"] not in _BY_NAME:
-            raise KeyError(f"support_bot: unknown issue {row['issue']!r}; valid: {', '.join(_BY_NAME)}")
-        return _BY_NAME[row["issue"]]
+        if row["issue"] not in ISSUES_BY_NAME:
+            raise KeyError(f"support_bot: unknown issue {row['issue']!r}; valid: {', '.join(ISSUES_BY_NAME)}")
+        return ISSUES_BY_NAME[row["issue"]]
     if "seed" in row:
         return random.Random(int(row["seed"])).choice(ISSUES)
     raise KeyError(f"support_bot needs an 'issue' or a 'seed' column; the row has {sorted(row)}")
@@ -83,8 +61,9 @@ def hidden_issue(row: dict[str, Any]) -> Issue:
 class SupportBot:
     """The simulated user (module docstring). Options: ``turn_cost`` (c, taken from every
     turn's reward), ``wrong_fix_cost`` (w, taken from a turn proposing a wrong fix),
-    ``max_turns`` (bot turns before the user gives up) and ``give_up_cost`` (taken from the
-    turn where the user gives up unresolved)."""
+    ``max_turns`` (bot turns before the user gives up; a row's ``difficulty`` d takes d off, down
+    to 2: ``data/tasks/support.py``) and ``give_up_cost`` (taken from the turn where the user
+    gives up unresolved)."""
 
     def __init__(
         self, turn_cost: float = 0.1, wrong_fix_cost: float = 0.5, max_turns: int = 6, give_up_cost: float = 1.0
@@ -97,11 +76,14 @@ class SupportBot:
         self.turn_cost, self.wrong_fix_cost, self.max_turns = turn_cost, wrong_fix_cost, max_turns
         self.give_up_cost = give_up_cost
         self.issue: Issue | None = None
+        self.patience = max_turns  # bot turns before this user gives up (the row's difficulty takes some off)
         self.turns = 0
         self.resolved = False  # read by the rollout source for env/resolved
 
     def reset(self, row: dict[str, Any]) -> list[dict[str, str]]:
         self.issue, self.turns, self.resolved = hidden_issue(row), 0, False
+        # a question and a fix at least (or every turn the options allow)
+        self.patience = max(min(2, self.max_turns), self.max_turns - int(row.get("difficulty", 0)))
         return [{"role": "user", "content": opening(self.issue)}]
 
     def step(self, completion: str) -> tuple[list[dict[str, str]] | None, float, bool]:
@@ -111,7 +93,7 @@ class SupportBot:
         reply, reward, done = self.respond(completion.strip().lower())
         self.resolved = done
         reward -= self.turn_cost
-        if not done and self.turns >= self.max_turns:
+        if not done and self.turns >= self.patience:
             # the user gives up, unhappy: without this cost a bot that never commits to a fix
             # (questions, gibberish) ends at -max_turns·c, better than trying a wrong fix, and
             # RL learns exactly that (the first run of examples/support_bot.py did)
@@ -136,12 +118,6 @@ class SupportBot:
 
 
 # ------------------------------------------------------------------------------------- data
-
-
-def support_rows(n: int, seed: int = 0) -> list[dict[str, str]]:
-    """``n`` dataset rows ``{"issue": name}``, hidden issues drawn uniformly with ``seed``."""
-    rng = random.Random(seed)
-    return [{"issue": rng.choice(ISSUES).name} for _ in range(n)]
 
 
 def scripted_actions(n: int, seed: int = 0, max_turns: int = 4) -> list[tuple[dict[str, str], list[str]]]:
@@ -172,7 +148,7 @@ def scripted_conversations(n: int, seed: int = 0, max_turns: int = 4) -> list[di
     :class:`~posttrain.envs.episode.Episode` instead (``envs/episode.py:replay_actions``)."""
     rows = []
     for row, actions in scripted_actions(n, seed, max_turns):
-        rows.extend(_prefix_rows(_BY_NAME[row["issue"]], actions))
+        rows.extend(_prefix_rows(ISSUES_BY_NAME[row["issue"]], actions))
     return rows
 
 

@@ -26,7 +26,7 @@ class GatheredEngine:
     sharded ``policy``'s gathered weights at every ``update_weights``."""
 
     def __init__(self, policy: nn.Module, whole: nn.Module, tokenizer: Any, kind: str = "auto") -> None:
-        self.policy, self.whole_model = policy, whole  # the copy also evaluates (sources/build.py)
+        self.policy, self.whole_model = policy, whole  # the copy also evaluates (train/rl_sources.py)
         self.engine = build_engine(whole, tokenizer, kind=kind)
         self.pad_id, self.eos_id = self.engine.pad_id, self.engine.eos_id
 

@@ -2,7 +2,7 @@
 
 The contract is docs/design.md, "Next: rollout sources, environments, async, scale-out".
 
-The loop asks its source for one scored :class:`~posttrain.train.rl_batch.RolloutBatch` per
+The loop asks its source for one scored :class:`~posttrain.rollout.batch.RolloutBatch` per
 step and never calls an engine or a reward itself; what happens before the batch exists —
 sampling, scoring, DAPO's dynamic sampling and overlong shaping, ReMax's greedy baseline — is
 the source's business. A new way of producing batches (a multi-turn environment, a replay of
@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from posttrain.train.rl_batch import RolloutBatch
+    from posttrain.rollout.batch import RolloutBatch
 
 
 @runtime_checkable

@@ -2,7 +2,7 @@
 
 ``rollout.max_staleness: η`` ≥ 1 wraps the run's source (single-turn or environment, built on a
 rollout engine over *its own copy* of the policy, which by default decodes in a child process:
-``rollout/process_engine.py``; ``sources/build.py`` wires them) in :class:`AsyncProducer`. The
+``rollout/process_engine.py``; ``train/rl_sources.py`` wires them) in :class:`AsyncProducer`. The
 producer makes the batches in step order, each as soon as it is admitted, and the learner takes
 batch k when it needs it; sampling never waits for the update, the update waits only for a batch not made yet.
 
@@ -47,8 +47,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from posttrain.rollout.batch import RolloutBatch
 from posttrain.sources import RolloutSource
-from posttrain.train.rl_batch import RolloutBatch
 
 STATE_KEY = "async_producer"
 STALENESS_BINS = 5  # async/staleness_k fractions logged for k = 0 .. 4; older samples in the last

@@ -31,8 +31,8 @@ from torch import Tensor
 
 from posttrain.distributed import world
 from posttrain.errors import PosttrainError
+from posttrain.rollout.batch import RolloutBatch, concat
 from posttrain.sources import RolloutSource
-from posttrain.train.rl_batch import RolloutBatch, concat
 
 SCHEMA_VERSION = 2  # 2: the run's shape and model ("run"), checked on replay
 TEXT_FIELDS = ("prompts", "completions", "columns")

@@ -13,14 +13,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import torch
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
-from posttrain.config import Beta, Section
-from posttrain.devices import DeviceName, Precision, compute_precision, model_device, precision_problem
+from posttrain.data.sampler import EpochSampler
+from posttrain.devices import compute_precision, model_device, precision_problem
 from posttrain.distributed import world
 from posttrain.errors import TrainingDiverged  # re-exported: raised here, caught by callers
 from posttrain.memory import return_free_memory
@@ -31,76 +31,21 @@ from posttrain.train.checkpoint import (
     load_weights_into,
     save_checkpoint,
 )
+from posttrain.train.run_options import OptimizerOptions, RunOptions
 from posttrain.train.run_outputs import Silent, finish_run, on_main, ready_run_dir, report_failure, run_sinks
-from posttrain.train.sampler import EpochSampler
 from posttrain.train.schedule import lr_multiplier
 from posttrain.train.stopping import StopOnSignal
 
 
-class LoopConfig(Section):
-    """Options of the offline loop shared by ``sft``, ``rm`` and ``dpo``."""
+class LoopConfig(RunOptions, OptimizerOptions):
+    """Options of the offline loop shared by ``sft``, ``rm`` and ``dpo``: the options every
+    training command has (train/run_options.py) and the micro-batching of a step."""
 
-    steps: int = Field(300, ge=1)
-    """Optimizer steps."""
     batch_size: int = Field(32, ge=1)
     """Rows per optimizer step (all micro-batches together)."""
     gradient_accumulation: int = Field(1, ge=1)
     """Micro-batches per step; batch_size must be a multiple. The loss is normalised over the
     whole step, so results do not depend on this (up to float rounding)."""
-    learning_rate: float = Field(1e-3, gt=0)
-    """Peak AdamW learning rate."""
-    lr_scheduler: Literal["constant_with_warmup", "cosine", "linear"] = "constant_with_warmup"
-    """Shape after warm-up. Constant by default: SFT before RL stops part-way on purpose, and a
-    rate annealed to 0 there leaves a flat policy that RL gets no signal from."""
-    warmup_steps: int = Field(20, ge=0)
-    """Linear warm-up steps."""
-    min_lr_ratio: float = Field(0.0, ge=0, le=1)
-    """Final rate of cosine/linear schedules as a fraction of the peak."""
-    weight_decay: float = Field(0.0, ge=0)
-    """AdamW decoupled weight decay."""
-    adam_betas: tuple[Beta, Beta] = (0.9, 0.999)
-    """AdamW β₁, β₂."""
-    max_grad_norm: float | None = Field(1.0, gt=0)
-    """Clip the global gradient norm to this; null turns clipping off."""
-    seed: int = Field(0, ge=0)
-    """Seeds the data order, the initial weights of models built here, and sampling."""
-    device: DeviceName = "auto"
-    """Where the model computes: auto (the first CUDA GPU when one is visible, else the CPU), cpu,
-    cuda, cuda:N or mps."""
-    precision: Precision = "fp32"
-    """fp32, or bf16: forward passes under bfloat16 autocast over float32 master weights and
-    optimizer state, losses in float32 (needs model.dtype: float32)."""
-    strategy: Literal["ddp", "fsdp2"] = "ddp"
-    """Under torchrun: ddp, every process holds the whole model and the gradients are summed;
-    fsdp2, weights, gradients and optimizer state are sharded over the processes (FSDP2's
-    fully_shard per transformer block), for a model whose training state does not fit one device.
-    One process: no difference."""
-    output_dir: str = "runs/train"
-    """Run directory: config.yaml, metrics.jsonl, checkpoints/, final/, report.html."""
-    save_every: int = Field(0, ge=0)
-    """Checkpoint every this many steps (0: only at the end)."""
-    stop_grace_s: float = Field(20.0, gt=0)
-    """On SIGTERM (Slurm, Kubernetes), seconds to end the current step and save it before the step
-    is abandoned instead; either way the run stops with exit status 143 (train/stopping.py)."""
-    keep_last: int = Field(2, ge=1)
-    """Complete checkpoints kept; the newest is never deleted."""
-    eval_every: int = Field(0, ge=0)
-    """Evaluate every this many steps (0: only before and after training)."""
-    log_every: int = Field(10, ge=1)
-    """Print a progress line every this many steps when not on a terminal."""
-    report_to: list[Literal["tensorboard", "wandb"]] = Field(default_factory=lambda: ["tensorboard"])
-    """Where metrics go besides metrics.jsonl: TensorBoard (output_dir/tensorboard, when installed)
-    and/or Weights & Biases (pip install wandb; project from WANDB_PROJECT, else "posttrain"; a
-    resumed run continues the same W&B run; WANDB_MODE=offline keeps it local)."""
-    run_name: str | None = None
-    """The run's name in W&B (default: the output_dir's folder name)."""
-    resume: str = "none"
-    """"auto": continue from the newest checkpoint in output_dir that verifies (saying which newer
-    ones were skipped; step 0 when there is none yet); a path: from that checkpoint; "none": a new
-    run, refused when output_dir already holds one (see overwrite)."""
-    overwrite: bool = False
-    """With resume "none": delete the run already in output_dir (checkpoints, final model, logs,
-    report) and start over, instead of refusing."""
 
     @model_validator(mode="after")
     def _whole_micro_batches(self) -> LoopConfig:

@@ -17,7 +17,7 @@ The policy is shared with the rollout engine by reference (colocated, no weight 
 engine is told the new version after each step (vLLM, which keeps its own copy, is handed the
 new weights then, and its log-probs are compared with the trainer's: rollout/mismatch_kl).
 Rollout, reward and update only exchange tensors and lists
-(:class:`~posttrain.train.rl_batch.RolloutBatch`), so each can move to another process later.
+(:class:`~posttrain.rollout.batch.RolloutBatch`), so each can move to another process later.
 
 ``torchrun --nproc_per_node N -m posttrain rl ...`` runs the same loop in N processes: each
 generates and scores its share of the step's groups (the sources), the shares are gathered in
@@ -36,9 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posttrain.algos import (
-    RunningMeanBaseline,
-)
+from posttrain.algos import BASELINES
 from posttrain.config import ConfigError, dump_config
 from posttrain.data import DataError
 from posttrain.data.section import check_enough_rows, load_rows
@@ -50,15 +48,13 @@ from posttrain.models.section import build_model_and_tokenizer, check_model_sour
 from posttrain.models.value import value_model_from_policy
 from posttrain.rewards import NamedReward, RewardSet
 from posttrain.rewards.registry import resolve_rewards
+from posttrain.rollout.batch import RolloutBatch
 from posttrain.sources import RolloutSource
-from posttrain.sources.build import build_source, check_placement, learner_engine, reward_pool, stop_workers
 from posttrain.sources.recorded import check_replay_folder, run_shape
 from posttrain.telemetry.metrics import check_report_to
 from posttrain.train.checkpoint import checkpoint_root, load_training_state, load_weights_into, save_checkpoint
-from posttrain.train.rl_batch import RolloutBatch
 from posttrain.train.rl_checks import StepWarnings, preflight_rewards
 from posttrain.train.rl_config import RLRun
-from posttrain.train.rl_eval import filter_by_difficulty, logged_samples
 from posttrain.train.rl_prepare import (
     BatchPreparer,
     build_kl_controller,
@@ -66,9 +62,10 @@ from posttrain.train.rl_prepare import (
     recompute_old_logprobs,
     sequence_logprobs,
 )
+from posttrain.train.rl_sources import build_source, check_placement, learner_engine, reward_pool, stop_workers
 from posttrain.train.rl_update import PolicyUpdate
 from posttrain.train.run_dir import start_point
-from posttrain.train.run_outputs import finish_run, on_main, ready_run_dir, report_failure, run_sinks
+from posttrain.train.run_outputs import finish_run, logged_samples, on_main, ready_run_dir, report_failure, run_sinks
 from posttrain.train.stopping import StopOnSignal
 
 Echo = Callable[[str], None]
@@ -131,7 +128,7 @@ class OnlineRL:
         self.source, self.evaluation = self._build_source(train_rows)
 
         self.kl_controller = build_kl_controller(self.algo.kl)
-        self.running_baseline = RunningMeanBaseline() if self.algo.baseline == "running_mean" else None
+        self.running_baseline = BASELINES[self.algo.baseline]()  # kept by the loop, or None (algos/returns.py)
         self.step_count = 0
         self.warnings = StepWarnings(echo, max_new_tokens=config.max_new_tokens)
         # strategy fsdp2 under torchrun: sharded from here on (the engine generates with a whole copy)
@@ -165,15 +162,11 @@ class OnlineRL:
 
     # ------------------------------------------------------------------ construction
     def _build_source(self, rows: Sequence[dict[str, Any]]) -> tuple[RolloutSource, Any]:
-        """Where the batches come from and what evaluates the held-out rows (sources/build.py); with
-        ``data.filter``, only from the prompts the starting policy solves sometimes (rl_eval.py)."""
-        self.data_filter = None
-        if self.config.data.filter is not None:
-            models = (self.policy, self.tokenizer)
-            self.rows, self.data_filter = filter_by_difficulty(*models, rows, self.rewards, self.config, self.echo)
-            rows = self.rows
+        """Where the batches come from and what evaluates the held-out rows (train/rl_sources.py); with
+        ``data.filter``, only from the rows the starting policy solves sometimes (sources/difficulty_filter.py)."""
         args = (self.engine, self.tokenizer, rows, self.rewards, self.out, self.echo)
-        return build_source(self.config, self.policy, *args)
+        source, evaluation, self.data_filter = build_source(self.config, self.policy, *args)
+        return source, evaluation
 
     def _resolve_rewards(
         self, functions: Sequence[Callable[..., Any] | NamedReward] | None, task_reward: str | None

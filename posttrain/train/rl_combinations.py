@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import PydanticSchemaGenerationError, TypeAdapter, ValidationError
 
-from posttrain.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+from posttrain.algos import ADVANTAGE_ESTIMATORS, BASELINES, POLICY_LOSSES
 from posttrain.algos.registry import EstimatorNeeds
 from posttrain.devices import precision_problem
 
@@ -43,11 +43,6 @@ def _async_problems(config: RLRun) -> list[str]:
                 "or interrupt: false"
             ]
         return []
-    if config.data.curriculum is not None:
-        problems.append(
-            "data.curriculum advances on the batches the learner trains on; the asynchronous producer samples "
-            "ahead of them: set rollout.max_staleness: 0 with a curriculum"
-        )
     if rollout.replay is not None:
         problems.append(
             "rollout.max_staleness overlaps sampling with training; rollout.replay samples nothing (it reads "
@@ -91,35 +86,16 @@ def _cluster_problems(config: RLRun) -> list[str]:
 
 
 def _env_problems(config: RLRun) -> list[str]:
-    """What the environment source (``sources/environment.py``) does not do for episodes."""
+    """What cannot mean anything for environment episodes (the data-side features all apply to them)."""
     if config.env is None:
         return []
     algo, problems = config.algorithm, []
-    if config.data.curriculum is not None:
-        problems.append("data.curriculum levels single-turn prompts; env episodes have no levels yet: remove it")
-    if config.data.filter is not None:
-        problems.append(
-            "data.filter measures single-turn completions of each prompt; env episodes are not filtered yet: "
-            "remove data.filter"
-        )
-    if algo.baseline == "greedy":
-        problems.append(
-            "algorithm.baseline = 'greedy' (ReMax) scores one greedy single-turn completion per prompt; an "
-            "env episode has none: use a group estimator (grpo, rloo) or a critic (ppo) with env"
-        )
     needs = ADVANTAGE_ESTIMATORS.needs.get(algo.advantage, EstimatorNeeds())
     if config.env.on_prefix_mismatch == "new_sample" and not needs.groups:
         problems.append(
             f"env.on_prefix_mismatch = 'new_sample' scores every sample of a split episode with the whole episode's "
             f"return, which per-token credit (algorithm.advantage = {algo.advantage!r}) would misplace: use a group "
             "estimator (grpo, rloo, ...) or on_prefix_mismatch: error"
-        )
-    if algo.dynamic_sampling.enabled:
-        problems.append("algorithm.dynamic_sampling is not applied to env episodes yet: set enabled: false")
-    if algo.overlong.enabled:
-        problems.append(
-            "algorithm.overlong shapes single-turn lengths; env episodes have per-turn and per-episode budgets "
-            "(max_new_tokens, env.max_total_tokens): set enabled: false"
         )
     if needs.reward_weights and not config.rewards:
         problems.append(
@@ -152,10 +128,12 @@ def _estimator_problems(config: RLRun) -> list[str]:
             f"algorithm.advantage = {algo.advantage!r} compares the samples of a prompt: "
             f"samples_per_prompt must be >= 2 (is {config.samples_per_prompt})"
         )
+    if algo.baseline not in BASELINES:
+        problems.append(unknown_choice("algorithm.baseline", algo.baseline, sorted(BASELINES)))
     if needs.baseline_required and algo.baseline not in needs.baselines:
         wanted = " or ".join(repr(b) for b in needs.baselines)
         problems.append(f"algorithm.advantage = {algo.advantage!r} needs algorithm.baseline = {wanted}")
-    if algo.baseline != "none" and known and algo.baseline not in needs.baselines:
+    if algo.baseline != "none" and algo.baseline in BASELINES and known and algo.baseline not in needs.baselines:
         readers = "/".join(ADVANTAGE_ESTIMATORS.names_where(lambda n: n is not None and algo.baseline in n.baselines))
         problems.append(f"algorithm.baseline = {algo.baseline!r} is read only by {readers}, not {algo.advantage!r}")
     if algo.dynamic_sampling.enabled and known and not needs.groups:
@@ -187,11 +165,14 @@ def _kl_problems(kl: KLSection) -> list[str]:
 
 def _batch_problems(config: RLRun) -> list[str]:
     algo, problems = config.algorithm, []
-    if algo.overlong.enabled and algo.overlong.cache_length > config.max_new_tokens:
-        problems.append(
-            f"algorithm.overlong.cache_length ({algo.overlong.cache_length}) exceeds max_new_tokens "
-            f"({config.max_new_tokens})"
-        )
+    overlong = algo.overlong
+    limit, what = config.max_new_tokens, "max_new_tokens"
+    if config.env is not None:
+        limit, what = config.env.max_turns * config.max_new_tokens, "env.max_turns × max_new_tokens"
+    if overlong.max_length is not None:
+        limit, what = overlong.max_length, "algorithm.overlong.max_length"
+    if overlong.enabled and overlong.cache_length > limit:
+        problems.append(f"algorithm.overlong.cache_length ({overlong.cache_length}) exceeds {what} ({limit})")
     batch = config.rollout_batch_size
     minibatch = config.minibatch_size
     if minibatch is not None and (minibatch % config.samples_per_prompt or batch % minibatch):

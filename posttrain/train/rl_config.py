@@ -27,12 +27,11 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from posttrain.config import (
-    Beta,
     ConfigError,
     Section,
     deep_merge,
@@ -40,15 +39,19 @@ from posttrain.config import (
     parse_overrides,
     read_yaml,
     validate_config,
+    with_default,
 )
 from posttrain.data.curriculum import CurriculumSection
 from posttrain.data.section import DataSection
-from posttrain.devices import DeviceName, Precision
 from posttrain.envs.section import EnvSection
 from posttrain.models.section import ModelSection
 from posttrain.rollout.ray_engine import ClusterSection
 from posttrain.rollout.vllm_engine import VLLMOptions
+from posttrain.sources.difficulty_filter import DataFilterSection
+from posttrain.sources.dynamic_sampling import DynamicSamplingSection
+from posttrain.sources.overlong import OverlongSection
 from posttrain.train.rl_combinations import combination_problems, unknown_choice
+from posttrain.train.run_options import OptimizerOptions, RunOptions
 
 PRESET_PACKAGE = "posttrain.presets"
 
@@ -97,27 +100,6 @@ class CriticSection(Section):
     weight here changed nothing. Use ``learning_rate`` to train the critic faster or slower."""
 
 
-class DynamicSamplingSection(Section):
-    """DAPO dynamic sampling (docs/algorithms.md §7.1)."""
-
-    enabled: bool = False
-    """Drop groups whose rewards are all equal and sample more prompts to refill the batch."""
-    max_rounds: int = Field(4, ge=1)
-    """Generation rounds per step at most; then train on what was kept (a warning says so)."""
-
-
-class OverlongSection(Section):
-    """DAPO's soft overlong punishment (docs/algorithms.md §7.2); off unless `enabled`."""
-
-    enabled: bool = False
-    """Add R_len(L) to the reward of each sample."""
-    cache_length: int = Field(4, ge=1)
-    """L_cache: the penalty ramps from 0 to −factor over the last `cache_length` tokens before
-    max_new_tokens."""
-    factor: float = Field(1.0, ge=0)
-    """Penalty at the hard limit."""
-
-
 class AlgorithmSection(Section):
     """One RL algorithm = estimator × loss × aggregation × KL placement (docs/algorithms.md §9)."""
 
@@ -149,9 +131,10 @@ class AlgorithmSection(Section):
     """Entropy bonus c_ent (loss −= c_ent·agg(H))."""
     critic: CriticSection | None = None
     """A value model (needed by gae)."""
-    baseline: Literal["none", "greedy", "running_mean"] = "none"
-    """Per-sample baseline handed to the estimator: "greedy" scores one greedy completion per
-    prompt (ReMax), "running_mean" is a moving average of past rewards (classic REINFORCE)."""
+    baseline: str = "none"
+    """Per-sample baseline handed to the estimator (posttrain.algos.BASELINES): "greedy" scores one
+    greedy sample per prompt, a completion or an episode (ReMax), "running_mean" is a moving
+    average of past rewards (classic REINFORCE), "none"."""
     dynamic_sampling: DynamicSamplingSection = Field(default_factory=DynamicSamplingSection)
     """DAPO dynamic sampling."""
     overlong: OverlongSection = Field(default_factory=OverlongSection)
@@ -220,47 +203,39 @@ class RolloutSection(Section):
     switches depends on timing, so a run does not repeat bit for bit (a resume still does)."""
 
 
-class DataFilterSection(Section):
-    """Keep the prompts the starting policy solves only sometimes (data/difficulty.py)."""
-
-    pass_rate: tuple[Annotated[float, Field(ge=0, le=1)], Annotated[float, Field(ge=0, le=1)]]
-    """[low, high]: keep a prompt when the share of its k samples that pass lies in this range,
-    ends included; e.g. [0.1, 0.9] with k 8 keeps prompts solved 1 to 7 times out of 8."""
-    k: int = Field(8, ge=1)
-    """Samples per prompt, at the run's sampling temperature and max_new_tokens."""
-    threshold: float = 1.0
-    """A sample passes when the run's (weighted) reward scores it at least this."""
-
-    @model_validator(mode="after")
-    def _ordered(self) -> DataFilterSection:
-        low, high = self.pass_rate
-        if low > high:
-            raise ValueError(f"data.filter.pass_rate = [{low:g}, {high:g}]: low must not exceed high")
-        return self
-
-
 class RLDataSection(DataSection):
     filter: DataFilterSection | None = None
-    """Difficulty filtering before training: sample k completions of every training prompt from
-    the starting policy and keep those whose pass rate lies in pass_rate (the rates are written
-    to data_filter.json; a resume reads them). null: every prompt."""
+    """Difficulty filtering before training: sample k completions (or episodes) of every training
+    row from the starting policy and keep those whose pass rate lies in pass_rate (the rates are
+    written to data_filter.json; a resume reads them). null: every row."""
     curriculum: CurriculumSection | None = None
-    """Levels of ``task_options`` of a reasoning_gym task, easiest first: each step draws from the
-    current level, which advances when the batch pass rate stays at ``advance_at`` for ``window``
-    steps; held-out rows come from the last level (posttrain/data/curriculum.py). null: no levels."""
+    """Levels, easiest first: values or ranges of a data ``column`` (e.g. difficulty), or the
+    ``task_options`` of a reasoning_gym task's levels; each step draws from the current level,
+    which advances when the batch pass rate stays at ``advance_at`` for ``window`` steps
+    (posttrain/data/curriculum.py). null: no levels."""
 
     @model_validator(mode="after")
     def _curriculum_varies_a_task(self) -> RLDataSection:
-        if self.curriculum is not None and (self.path is not None or not str(self.task).startswith("reasoning_gym:")):
+        curriculum = self.curriculum
+        if curriculum is None or curriculum.column is not None:
+            return self
+        if self.path is not None or not str(self.task).startswith("reasoning_gym:"):
             raise ValueError(
-                f"data.curriculum varies data.task_options by level: it needs data.task = reasoning_gym:<name> "
-                f"(data.task = {self.task!r}, data.path = {self.path!r})"
+                f"data.curriculum without a column varies data.task_options by level: it needs data.task = "
+                f"reasoning_gym:<name> (data.task = {self.task!r}, data.path = {self.path!r}); to level rows by a "
+                "column of the data, set data.curriculum.column"
             )
         return self
 
 
-class RLRun(Section):
-    """Everything ``posttrain rl`` reads."""
+class RLRun(RunOptions, OptimizerOptions):
+    """Everything ``posttrain rl`` reads: the options every training command has
+    (train/run_options.py; RL's defaults for steps, rate, warm-up and folder) and RL's own."""
+
+    steps: int = with_default(RunOptions, "steps", 200)
+    learning_rate: float = with_default(OptimizerOptions, "learning_rate", 1e-5)
+    warmup_steps: int = with_default(OptimizerOptions, "warmup_steps", 0)
+    output_dir: str = with_default(RunOptions, "output_dir", "runs/rl")
 
     model: ModelSection
     """The policy to train (a local folder, or a tiny model built here)."""
@@ -288,8 +263,6 @@ class RLRun(Section):
     prompt); a rewards entry's own max_failed_fraction overrides it. 1: never stop."""
     algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection)
     """The algorithm: `algorithm: grpo` loads a preset; sub-keys override its fields."""
-    steps: int = Field(200, ge=1)
-    """RL steps (rollout batches)."""
     prompts_per_step: int = Field(32, ge=1)
     """Prompts drawn per step."""
     samples_per_prompt: int = Field(8, ge=1)
@@ -309,31 +282,15 @@ class RLRun(Section):
     """Sampling options."""
     temperature: float | None = Field(None, gt=0)
     """Shortcut for sampling.temperature (docs/design.md's top-level key)."""
-    learning_rate: float = Field(1e-5, gt=0)
-    """AdamW rate of the policy."""
-    lr_scheduler: Literal["constant_with_warmup", "cosine", "linear"] = "constant_with_warmup"
-    """Shape of the rate after warm-up."""
-    warmup_steps: int = Field(0, ge=0)
-    """Linear warm-up, in optimizer steps."""
-    weight_decay: float = Field(0.0, ge=0)
-    """AdamW decoupled weight decay."""
-    adam_betas: tuple[Beta, Beta] = (0.9, 0.999)
-    """AdamW β₁, β₂."""
-    max_grad_norm: float | None = Field(1.0, gt=0)
-    """Clip the policy's global gradient norm to this; null: no clipping."""
     shared_prompt_forward: bool = True
     """Training forward passes encode each prompt once per group instead of once per sample
     (same values up to float rounding, about a third of the work with 8 samples per prompt);
     needs a model that takes a transformers DynamicCache (any standard causal LM). A model with
     ``model.gradient_checkpointing`` trains with the full forward (a checkpointed forward keeps no cache)."""
     rollout: RolloutSection = Field(default_factory=RolloutSection)
-    strategy: Literal["ddp", "fsdp2"] = "ddp"
-    """Under torchrun: ddp, every process holds the whole policy and the gradients are summed;
-    fsdp2, the policy, reference and critic and their optimizer state are sharded (FSDP2), and
-    each process generates with a whole copy of the policy refreshed after every update."""
+    """The rollout engine and the engine/trainer log-prob reconciliation."""
     cluster: ClusterSection = Field(default_factory=ClusterSection)
     """Where the rollouts are generated: here (local) or by Ray actors (rollout/ray_engine.py)."""
-    """The rollout engine and the engine/trainer log-prob reconciliation."""
     engine: Literal["auto", "native", "transformers", "vllm"] | None = None
     """Shortcut for rollout.engine."""
     preflight: bool = True
@@ -342,8 +299,6 @@ class RLRun(Section):
     allow_constant_reward: list[str] = Field(default_factory=list)
     """Reward names the pre-flight check may find constant (e.g. a format reward no sample
     meets yet)."""
-    eval_every: int = Field(0, ge=0)
-    """Greedy evaluation on held-out prompts every this many steps (0: before and after only)."""
     eval_size: int = Field(500, ge=0)
     """Held-out prompts evaluated (0: no evaluation)."""
     eval_k: int = Field(0, ge=0)
@@ -360,41 +315,8 @@ class RLRun(Section):
     record_rollouts: bool = False
     """Write every step's scored batch under output_dir/rollouts/ (tensors in safetensors, text in
     JSON, with a schema version), to replay it later with rollout.replay."""
-    seed: int = Field(0, ge=0)
-    """Seeds prompt order, sampling and models built here; the same seed repeats a run."""
     threads: int | None = Field(None, ge=1)
     """torch intra-op threads (default: every core this process may use)."""
-    device: DeviceName = "auto"
-    """Where the models compute: auto (the first CUDA GPU when one is visible, else the CPU), cpu,
-    cuda, cuda:N or mps. Rollout batches stay on the CPU; each micro-batch moves there for its pass."""
-    precision: Precision = "fp32"
-    """fp32, or bf16: forward passes under bfloat16 autocast over float32 master weights and
-    optimizer state, losses in float32 (needs model.dtype: float32). Generation keeps the
-    weights' dtype."""
-    output_dir: str = "runs/rl"
-    """Run directory: config.yaml, metrics.jsonl, samples.jsonl, checkpoints/, final/, report.html."""
-    save_every: int = Field(0, ge=0)
-    """Checkpoint every this many steps (0: only at the end)."""
-    stop_grace_s: float = Field(20.0, gt=0)
-    """On SIGTERM (Slurm, Kubernetes), seconds to end the current step and save it before the step
-    is abandoned instead; either way the run stops with exit status 143 (train/stopping.py)."""
-    keep_last: int = Field(2, ge=1)
-    """Complete checkpoints kept; the newest is never deleted."""
-    log_every: int = Field(10, ge=1)
-    """Print a progress line every this many steps when not on a terminal."""
-    report_to: list[Literal["tensorboard", "wandb"]] = Field(default_factory=lambda: ["tensorboard"])
-    """Where metrics go besides metrics.jsonl: TensorBoard (output_dir/tensorboard, when installed)
-    and/or Weights & Biases (pip install wandb; project from WANDB_PROJECT, else "posttrain"; a
-    resumed run continues the same W&B run; WANDB_MODE=offline keeps it local)."""
-    run_name: str | None = None
-    """The run's name in W&B (default: the output_dir's folder name)."""
-    resume: str = "none"
-    """"auto": continue from the newest checkpoint in output_dir that verifies (saying which newer
-    ones were skipped; step 0 when there is none yet); a path: from that checkpoint; "none": a new
-    run, refused when output_dir already holds one (see overwrite)."""
-    overwrite: bool = False
-    """With resume "none": delete the run already in output_dir (checkpoints, final model, logs,
-    report) and start over, instead of refusing."""
 
     @model_validator(mode="after")
     def _episode_rows(self) -> RLRun:

@@ -32,7 +32,7 @@ from posttrain.distributed import is_sharded, world
 from posttrain.errors import TrainingDiverged
 from posttrain.models.logprobs import response_logprobs, shared_prompt_logprobs
 from posttrain.rewards import RewardFunctionError
-from posttrain.train.rl_batch import RolloutBatch, concat
+from posttrain.rollout.batch import RolloutBatch, concat
 from posttrain.train.rl_config import RLRun
 
 
@@ -268,7 +268,7 @@ class BatchPreparer:
         return advantages, returns
 
     def _baseline(self, batch: RolloutBatch) -> Tensor | None:
-        if self.algo.baseline == "running_mean":  # updated with the whole batch's scores in prepare
+        if self.running_baseline is not None:  # updated with the whole batch's scores in prepare
             return torch.full_like(batch.scores, self.running_baseline.value)
         return batch.baseline_scores  # ReMax's greedy decode, scored by the source; None otherwise
 

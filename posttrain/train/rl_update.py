@@ -28,7 +28,7 @@ from posttrain.algos.mismatch import rollout_mismatch, truncated_is_weights
 from posttrain.devices import compute_precision, model_device
 from posttrain.distributed import is_sharded, world
 from posttrain.errors import TrainingDiverged
-from posttrain.train.rl_batch import RolloutBatch
+from posttrain.rollout.batch import RolloutBatch
 from posttrain.train.rl_config import RLRun
 from posttrain.train.rl_prepare import anchors_on_engine, minibatch_size, sequence_logprobs, several_updates
 from posttrain.train.schedule import lr_multiplier
@@ -59,10 +59,9 @@ class PolicyUpdate:
         self.optimizer = torch.optim.AdamW(
             self.params, lr=config.learning_rate, betas=config.adam_betas, weight_decay=config.weight_decay
         )
-        updates_per_step = config.ppo_epochs * (config.rollout_batch_size // self.minibatch_size)
+        updates = config.steps * config.ppo_epochs * (config.rollout_batch_size // self.minibatch_size)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            lr_multiplier(config.lr_scheduler, config.warmup_steps, config.steps * updates_per_step),
+            self.optimizer, lr_multiplier(config.lr_scheduler, config.warmup_steps, updates, config.min_lr_ratio)
         )
         self.critic_optimizer = (
             torch.optim.AdamW(critic.parameters(), lr=self.algo.critic.learning_rate, betas=config.adam_betas)

@@ -6,6 +6,7 @@ its rank. Every rank computes the same metrics; rank 0 logs them."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 from torch import nn
 
 from posttrain.distributed import world
+from posttrain.rollout.batch import RolloutBatch
 from posttrain.telemetry import MetricsLogger, Progress, write_failure_report, write_report
 from posttrain.train.checkpoint import quiet_progress_bars, save_final
 from posttrain.train.run_dir import prepare_run_dir
@@ -88,3 +90,17 @@ def report_failure(out: Path, title: str, error: BaseException) -> None:
     the other ranks may be gone."""
     if world().is_main:
         write_failure_report(out, title=title, error=error)
+
+
+def logged_samples(batch: RolloutBatch, count: int) -> list[dict[str, Any]]:
+    """The first ``count`` samples of a prepared batch as samples.jsonl records: prompt,
+    completion, reward (None where unscored) and the sample's first-token advantage."""
+    return [
+        {
+            "prompt": batch.prompts[i] if isinstance(batch.prompts[i], str) else str(batch.prompts[i]),
+            "completion": batch.completions[i],
+            "reward": None if math.isnan(float(batch.scores[i])) else float(batch.scores[i]),
+            "advantage": float(batch.advantages[i][batch.response_mask[i].bool()][:1].sum()),
+        }
+        for i in range(min(count, len(batch)))
+    ]

@@ -1,4 +1,5 @@
-"""data.curriculum (issue 22, item 2): levels of a reasoning-gym task's options, easiest first; each
+"""data.curriculum (issue 22, item 2; issue 36: over any column): levels of a reasoning-gym task's
+options, or values or ranges of a data column, easiest first; each
 step draws from the current level, which advances when the batch pass rate stays at advance_at
 for window steps; held-out rows are the last level's; a resumed run continues on its level."""
 
@@ -11,12 +12,12 @@ import pytest
 import torch
 
 from posttrain.config import ConfigError
-from posttrain.data.curriculum import LEVEL_COLUMN, CurriculumSection, curriculum_rows
+from posttrain.data.curriculum import LEVEL_COLUMN, CurriculumSection, curriculum_rows, row_levels
 from posttrain.data.loading import DataError
+from posttrain.data.sampler import CurriculumSampler
 from posttrain.distributed import World
 from posttrain.train.checkpoint import checkpoint_root
 from posttrain.train.rl_config import load_rl_config
-from posttrain.train.sampler import CurriculumSampler
 
 ONE_PROCESS = World()
 SHORT, LONG = {"min_words": 1, "max_words": 1}, {"min_words": 4, "max_words": 6}
@@ -80,12 +81,30 @@ def test_rows_of_every_level_are_tagged_and_held_out_rows_come_from_the_last_one
 
 def test_a_curriculum_is_refused_where_it_cannot_apply():
     base = ["model.tiny.layers=1", "data.curriculum.levels=[{}, {}]"]
-    with pytest.raises(ConfigError, match=re.escape("data.curriculum varies data.task_options by level")):
+    with pytest.raises(ConfigError, match=re.escape("data.curriculum without a column varies data.task_options")):
         load_rl_config(None, [*base, "data.task=reverse"])
-    with pytest.raises(ConfigError, match=re.escape("set rollout.max_staleness: 0 with a curriculum")):
-        load_rl_config(None, [*base, "data.task=reasoning_gym:letter_counting", "rollout.max_staleness=1"])
     with pytest.raises(ConfigError, match=re.escape("data.curriculum.levels = [{}]: List should have at least 2")):
         load_rl_config(None, [*base, "data.task=reasoning_gym:letter_counting", "data.curriculum.levels=[{}]"])
+    column = ["model.tiny.layers=1", "data.task=reverse", "data.curriculum.column=difficulty"]
+    with pytest.raises(ConfigError, match=re.escape("a range of column 'difficulty' is {min: ..., max: ...}")):
+        load_rl_config(None, [*column, "data.curriculum.levels=[{low: 1}, 2]"])
+    with pytest.raises(ConfigError, match=re.escape("levels[1] = 2: without data.curriculum.column")):
+        load_rl_config(None, ["model.tiny.layers=1", "data.task=reasoning_gym:letter_counting",
+                              "data.curriculum.levels=[{}, 2]"])  # fmt: skip
+    # a curriculum under max_staleness advances on the batches produced (sources/curriculum.py): no refusal
+    asynchronous = [*base, "data.task=reasoning_gym:letter_counting", "rollout.max_staleness=1"]
+    assert load_rl_config(None, asynchronous).data.curriculum is not None
+
+
+def test_levels_of_a_column_are_values_lists_or_ranges():
+    section = CurriculumSection(column="difficulty", levels=["easy", [1, 2], {"min": 3, "max": 5}, {"min": 6}])
+    rows = [{"difficulty": v} for v in ("easy", 2, 1, 3, 5, 4.5, 9, 0, "hard", None)] + [{}]
+    assert row_levels(rows, section) == [0, 1, 1, 2, 2, 2, 3, None, None, None, None]
+    # rows of no level are never drawn; a level short of rows names the column and the level
+    sampler = CurriculumSampler(row_levels(rows[:7] * 2, section), batch_size=2, seed=0, section=section)
+    assert all(row_levels([(rows[:7] * 2)[i]], section) == [0] for i in sampler.next_batch())
+    with pytest.raises(DataError, match=r"level 0 has 1 rows whose 'difficulty' is 'easy'"):
+        CurriculumSampler(row_levels(rows, section), batch_size=2, seed=0, section=section)
 
 
 def test_an_rl_run_moves_up_a_level_and_a_resumed_run_stays_there(tmp_path):

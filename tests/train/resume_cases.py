@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from posttrain.train.sampler import EpochSampler
+from posttrain.data.sampler import EpochSampler
 
 ROWS = 64
 PROMPTS_PER_STEP = 4

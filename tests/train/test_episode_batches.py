@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from posttrain.models.tiny import build_tiny_causal_lm
-from posttrain.train.rl_batch import RolloutBatch
+from posttrain.rollout.batch import RolloutBatch
 from posttrain.train.rl_config import load_rl_config
 from posttrain.train.rl_prepare import BatchPreparer, sequence_logprobs
 

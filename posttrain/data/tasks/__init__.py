@@ -68,8 +68,8 @@ def _preference_noisy(n_train: int, n_test: int, seed: int) -> TaskData:
 @TASKS.register("support_bot")
 def _support_bot(n_train: int, n_test: int, seed: int) -> TaskData:
     """Hidden issues of the ``support_bot`` environment (``env.name: support_bot``), one per row
-    (``issue``); held-out rows are other draws of the same six issues."""
-    from posttrain.envs.support_bot import support_rows
+    (``issue``) with its user's impatience (``difficulty``); held-out rows are other draws."""
+    from posttrain.data.tasks.support import support_rows
 
     return TaskData(support_rows(n_train, seed), support_rows(n_test, seed + 1_000_003), None)
 

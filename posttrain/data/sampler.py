@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from posttrain.data.curriculum import LEVEL_COLUMN, CurriculumSection
+from posttrain.data.curriculum import CurriculumSection, row_levels
 from posttrain.data.loading import DataError
 
 
@@ -55,14 +55,17 @@ class CurriculumSampler:
     """:class:`EpochSampler`'s interface over the rows of the current level of ``data.curriculum``,
     which advances as :meth:`observe` sees each step's scores (posttrain/data/curriculum.py)."""
 
-    def __init__(self, levels: Sequence[int], batch_size: int, seed: int, section: CurriculumSection) -> None:
+    def __init__(self, levels: Sequence[int | None], batch_size: int, seed: int, section: CurriculumSection) -> None:
         self.section = section
         self.rows_of = [[i for i, level in enumerate(levels) if level == n] for n in range(len(section.levels))]
         for level, rows in enumerate(self.rows_of):
             if len(rows) < batch_size:
+                where = (
+                    f"rows whose {section.column!r} is {section.levels[level]!r}" if section.column else "usable rows"
+                )
                 raise DataError(
-                    f"data.curriculum level {level} has {len(rows)} usable rows, fewer than one step's batch "
-                    f"({batch_size}): raise data.n_train or lower prompts_per_step"
+                    f"data.curriculum level {level} has {len(rows)} {where}, fewer than one step's batch "
+                    f"({batch_size}): add rows of that level, merge levels or lower prompts_per_step"
                 )
         self.samplers = [EpochSampler(len(rows), batch_size, seed + n) for n, rows in enumerate(self.rows_of)]
         self.level = 0
@@ -97,10 +100,8 @@ class CurriculumSampler:
             sampler.load_state_dict(saved)
 
 
-def build_sampler(
-    rows: Sequence[dict[str, Any]], batch_size: int, seed: int, curriculum: CurriculumSection | None
-) -> EpochSampler | CurriculumSampler:
-    """The RL sources' prompt sampler: a plain epoch order, or the curriculum's."""
-    if curriculum is None:
-        return EpochSampler(len(rows), batch_size, seed)
-    return CurriculumSampler([row[LEVEL_COLUMN] for row in rows], batch_size, seed, curriculum)
+def curriculum_sampler(
+    rows: Sequence[dict[str, Any]], batch_size: int, seed: int, curriculum: CurriculumSection
+) -> CurriculumSampler:
+    """The order of ``rows`` by the levels of ``data.curriculum`` (each row's: ``row_levels``)."""
+    return CurriculumSampler(row_levels(rows, curriculum), batch_size, seed, curriculum)

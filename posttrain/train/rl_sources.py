@@ -1,9 +1,14 @@
-"""Which rollout source a run's config names, and what evaluates its held-out rows.
+"""The wiring of the RL loop's batches: which rollout source a run's config names, the data-side
+features composed over it, and what evaluates its held-out rows.
 
 The loop (``train/rl.py``) calls :func:`build_source` once and never asks again where its
-batches come from: a recording (``rollout.replay``), an environment's episodes (``env``) or
-single-turn completions; run ahead of the learner by the asynchronous producer with
-``rollout.max_staleness`` ≥ 1; written to ``rollouts/`` with ``record_rollouts``."""
+batches come from: a recording (``rollout.replay``), or an environment's episodes (``env``) or
+single-turn completions, each wrapped by the data-side features the config asks for
+(:func:`data_side`: overlong shaping, the reward summary, the curriculum, dynamic sampling, the
+greedy baseline), after the difficulty filter chose their rows; run ahead of the learner by the
+asynchronous producer with ``rollout.max_staleness`` ≥ 1; written to ``rollouts/`` with
+``record_rollouts``. The sources sit below the loop and take the config sections they read and
+a :class:`~posttrain.sources.plan.SamplingPlan` made here, never the run config."""
 
 from __future__ import annotations
 
@@ -14,7 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from posttrain.algos import BASELINES
 from posttrain.config import ConfigError
+from posttrain.data.difficulty import DifficultyFilter
 from posttrain.data.lengths import context_limit
 from posttrain.devices import model_device
 from posttrain.distributed import world
@@ -24,11 +31,34 @@ from posttrain.rollout.process_engine import ProcessEngine
 from posttrain.rollout.weight_mailbox import ThreadMailbox
 from posttrain.sources import RolloutSource
 from posttrain.sources.async_producer import AsyncProducer, rollout_copy
+from posttrain.sources.curriculum import Curriculum
+from posttrain.sources.difficulty_filter import filter_by_difficulty
+from posttrain.sources.dynamic_sampling import DynamicSampling
 from posttrain.sources.environment import EnvironmentSource
+from posttrain.sources.greedy_baseline import GreedyBaseline
+from posttrain.sources.held_out import HeldOutCompletions
+from posttrain.sources.overlong import OverlongShaping
+from posttrain.sources.plan import SamplingPlan
 from posttrain.sources.recorded import RecordingSource, ReplaySource, run_shape
+from posttrain.sources.reward_metrics import ScoreMetrics
 from posttrain.sources.single_turn import SingleTurnSource
 from posttrain.train.rl_config import RLRun
-from posttrain.train.rl_eval import HeldOutCompletions
+
+
+def sampling_plan(config: RLRun) -> SamplingPlan:
+    """What the sources read of ``config`` (sources/plan.py)."""
+    return SamplingPlan(
+        prompts_per_step=config.prompts_per_step,
+        samples_per_prompt=config.samples_per_prompt,
+        max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature_value,
+        top_p=config.sampling.top_p,
+        top_k=config.sampling.top_k,
+        stop=tuple(config.sampling.stop),
+        seed=config.seed,
+        eval_k=config.eval_k,
+        eval_batch_size=config.eval_batch_size,
+    )
 
 
 def build_source(
@@ -40,34 +70,65 @@ def build_source(
     rewards: RewardSet | None,
     output_dir: Path,
     echo: Callable[[str], None],
-) -> tuple[RolloutSource, Any]:
-    """(the run's source, its held-out evaluation). ``engine`` samples with ``policy`` itself;
-    the asynchronous producer gets its own copy and engine (:func:`asynchronous`)."""
-    limit = context_limit(policy)
+) -> tuple[RolloutSource, Any, DifficultyFilter | None]:
+    """(the run's source, its held-out evaluation, the difficulty filter when ``data.filter`` chose
+    the rows). ``engine`` samples with ``policy`` itself; the asynchronous producer gets its own copy
+    and engine (:func:`asynchronous`)."""
+    plan, limit = sampling_plan(config), context_limit(policy)
+
+    def sampling(rollout_engine: Any, chosen: Sequence[dict[str, Any]]) -> Any:
+        if config.env is not None:
+            return EnvironmentSource(plan, config.env, rollout_engine, tokenizer, chosen, rewards, limit, echo)
+        return SingleTurnSource(plan, config.data, rollout_engine, tokenizer, chosen, rewards, limit, echo)
+
+    # held-out rows are evaluated by the policy now, in the learner's thread: greedy completions
+    # (with a sharded policy, by the engine's whole copy of it: rollout/gathered.py), or greedy episodes
+    evaluation: Any = (
+        sampling(engine, rows)
+        if config.env is not None
+        else HeldOutCompletions(
+            getattr(engine, "whole_model", policy), tokenizer, rewards, plan, config.data.prompt_column
+        )
+    )
+    data_filter = None
+    if config.data.filter is not None:  # measured by the evaluation: k sampled completions or episodes per row
+        resuming = config.resume != "none"
+        rows, data_filter = filter_by_difficulty(
+            evaluation, rows, config.data.filter, output_dir, resuming, config.prompts_per_step, echo
+        )
 
     def sampling_with(rollout_engine: Any) -> RolloutSource:
-        if config.env is not None:
-            return EnvironmentSource(config, config.env, rollout_engine, tokenizer, rows, rewards, limit, echo)
-        return SingleTurnSource(config, rollout_engine, tokenizer, rows, rewards, limit, echo)
+        return data_side(config, sampling(rollout_engine, rows), echo)
 
     source: RolloutSource
-    # held-out rows are evaluated by the policy now, in the learner's thread: greedy completions,
-    # or an environment source's own greedy episodes
-    # (with a sharded policy, by the engine's whole copy of it: rollout/gathered.py)
-    evaluation: Any = HeldOutCompletions(getattr(engine, "whole_model", policy), tokenizer, rewards, config)
     if config.rollout.replay is not None:
         source = ReplaySource(config.rollout.replay)
     elif config.rollout.max_staleness:
         source = asynchronous(config, policy, tokenizer, sampling_with, echo)
-        if config.env is not None:
-            evaluation = sampling_with(engine)
     else:
         source = sampling_with(engine)
-        if config.env is not None:
-            evaluation = source
     if config.record_rollouts:
         source = RecordingSource(source, output_dir / "rollouts", run_shape(config))
-    return source, evaluation
+    return source, evaluation, data_filter
+
+
+def data_side(config: RLRun, source: Any, echo: Callable[[str], None]) -> Any:
+    """``source`` wrapped by the data-side features ``config`` asks for, each one module of
+    ``sources/``: those acting on every draw innermost (overlong shaping, then the reward summary
+    of the shaped scores, then the curriculum reading them), those acting on the step's batch
+    around them (dynamic sampling's further draws, then the greedy baseline of what is kept)."""
+    algo = config.algorithm
+    if algo.overlong.enabled:
+        source = OverlongShaping(source, algo.overlong)
+    source = ScoreMetrics(source)
+    if config.data.curriculum is not None:
+        source = Curriculum(source, config.data.curriculum, config.prompts_per_step, config.seed)
+    if algo.dynamic_sampling.enabled:
+        here = config.prompts_per_step // world().size  # this rank's share of a step's groups
+        source = DynamicSampling(source, algo.dynamic_sampling, config.prompts_per_step, here, echo)
+    if BASELINES.needs[algo.baseline].plays_greedy:
+        source = GreedyBaseline(source)
+    return source
 
 
 def learner_engine(config: RLRun, policy: nn.Module, tokenizer: Any, echo: Callable[[str], None]) -> Any:
@@ -78,7 +139,6 @@ def learner_engine(config: RLRun, policy: nn.Module, tokenizer: Any, echo: Calla
         return build_engine(policy, tokenizer, kind=config.engine_kind, vllm_options=config.rollout.vllm)
     if config.strategy == "fsdp2" and world().size > 1:  # the policy is sharded next (rl.py)
         from posttrain.rollout.gathered import GatheredEngine
-        from posttrain.sources.async_producer import rollout_copy
 
         return GatheredEngine(policy, rollout_copy(policy), tokenizer, config.engine_kind)
     return rollout_engine(config, policy, tokenizer, echo)
