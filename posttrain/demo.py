@@ -262,6 +262,23 @@ def _demo_rows(config: DemoConfig) -> tuple[list[dict], list[dict], list[dict], 
     return validation, labelled, unlabelled, make_rows(test_names)
 
 
+def _announce(config: DemoConfig, model: Any, tokenizer: Any, rows: tuple[list, ...], echo: Echo) -> int:
+    """Print what runs (versions, threads, model, data sizes); returns the model's parameter count."""
+    labelled, validation, unlabelled, test_rows = rows
+    out = config.output_dir
+    n_params = sum(p.numel() for p in model.parameters())
+    echo(
+        f"[demo] posttrain {posttrain.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"seed {config.seed}, output {out}"
+    )
+    echo(
+        f"[demo] tiny llama 2 layers x 128 hidden, {n_params:,} parameters, vocab {len(tokenizer)}; "
+        f"{len(labelled)} labelled + {len(validation)} validation names for SFT, {len(unlabelled)} unlabelled "
+        f"prompts for RL, {len(test_rows)} held out"
+    )
+    return n_params
+
+
 def run_demo(config: DemoConfig, echo: Echo = print) -> dict[str, Any]:
     """SFT, evaluate, GRPO, evaluate, baseline, report; returns the summary it writes."""
     started = time.perf_counter()
@@ -276,16 +293,7 @@ def run_demo(config: DemoConfig, echo: Echo = print) -> dict[str, Any]:
         len(tokenizer), arch="llama", layers=2, hidden=128, heads=4, seed=config.seed, tokenizer=tokenizer
     )
     validation, labelled, unlabelled, test_rows = _demo_rows(config)
-    n_params = sum(p.numel() for p in model.parameters())
-    echo(
-        f"[demo] posttrain {posttrain.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"seed {config.seed}, output {out}"
-    )
-    echo(
-        f"[demo] tiny llama 2 layers x 128 hidden, {n_params:,} parameters, vocab {len(tokenizer)}; "
-        f"{len(labelled)} labelled + {len(validation)} validation names for SFT, {len(unlabelled)} unlabelled "
-        f"prompts for RL, {len(test_rows)} held out"
-    )
+    n_params = _announce(config, model, tokenizer, (labelled, validation, unlabelled, test_rows), echo)
 
     # 1. SFT cold start
     sft = _sft_stage(config, model, tokenizer, labelled, validation, out / "sft", echo)

@@ -117,7 +117,7 @@ def test_one_sft_loop():
 
 # The floors of the package, lowest first: a folder (or top-level module) imports only from its own
 # floor or below, counting every import — deferred into a function, or under ``if TYPE_CHECKING``
-# — since a deferred import still ties the two folders together (docs/design.md, "Floors").
+# — since a deferred import still ties the two folders together (docs/design.md, "Package layout").
 FLOORS = [
     {"errors", "config", "hub", "user_code", "memory", "devices", "distributed", "telemetry"},
     {"algos"},

@@ -1,15 +1,24 @@
 """Rollout sources: where the RL loop's batches come from.
 
-The contract is docs/design.md, "Next: rollout sources, environments, async, scale-out".
+The contract is docs/design.md, "Next: rollout sources, environments, async, scale-out". The
+sources sit on the floor below the loop: they import nothing from ``train/`` (they take the
+config sections they read and a :class:`~posttrain.sources.plan.SamplingPlan`; the wiring is
+``train/rl_sources.py``).
 
 The loop asks its source for one scored :class:`~posttrain.rollout.batch.RolloutBatch` per
 step and never calls an engine or a reward itself; what happens before the batch exists —
-sampling, scoring, DAPO's dynamic sampling and overlong shaping, ReMax's greedy baseline — is
-the source's business. A new way of producing batches (a multi-turn environment, a replay of
-recorded batches, an asynchronous producer, Ray workers) is one new module here implementing
-:class:`RolloutSource`; the loop, the algorithms and the checkpoints stay as they are.
+sampling, scoring, DAPO's dynamic sampling and overlong shaping, ReMax's greedy baseline, a
+curriculum — is the source's business. A new way of producing batches (a multi-turn
+environment, a replay of recorded batches, an asynchronous producer, Ray workers) is one new
+module here implementing :class:`RolloutSource`; a new data-side feature is one module wrapping
+any sampling source (``wrapper.py``); the loop, the algorithms and the checkpoints stay as they are.
 
 * ``single_turn.py`` — one completion per sample from the run's engine, scored by its rewards;
+* ``environment.py`` — multi-turn episodes of an environment (``episodes.py``: one being played);
+* ``dynamic_sampling.py``, ``overlong.py``, ``greedy_baseline.py``, ``curriculum.py``,
+  ``reward_metrics.py`` — the data-side wrappers; ``difficulty_filter.py`` chooses the rows;
+* ``held_out.py`` — held-out evaluation of single-turn runs;
+* ``async_producer.py`` — another source run ahead of the learner (``rollout.max_staleness``);
 * ``recorded.py`` — ``record_rollouts`` (a wrapper writing every batch it hands out) and
   ``rollout.replay`` (the recorded batches fed back: generation and update debugged apart).
 """

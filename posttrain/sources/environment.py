@@ -165,6 +165,7 @@ class EnvironmentSource:
     def close(self) -> None:
         if self.episode_loop is not None:
             self.episode_loop.close()
+            self.episode_loop = None  # episodes played after close() start a new one
         if self.rewards is not None:
             self.rewards.close()
 

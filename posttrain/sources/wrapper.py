@@ -73,6 +73,10 @@ class SourceWrapper:
     def engine(self) -> Any:
         return self.inner.engine
 
+    @engine.setter
+    def engine(self, engine: Any) -> None:
+        self.inner.engine = engine
+
     @property
     def pad_id(self) -> int:
         return self.inner.pad_id

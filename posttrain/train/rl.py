@@ -166,6 +166,8 @@ class OnlineRL:
         ``data.filter``, only from the rows the starting policy solves sometimes (sources/difficulty_filter.py)."""
         args = (self.engine, self.tokenizer, rows, self.rewards, self.out, self.echo)
         source, evaluation, self.data_filter = build_source(self.config, self.policy, *args)
+        if self.data_filter is not None:  # the rows trained on
+            self.rows = [self.rows[i] for i in self.data_filter.kept]
         return source, evaluation
 
     def _resolve_rewards(
@@ -244,6 +246,8 @@ class OnlineRL:
             progress.close()
             logger.close()
             self.source.close()
+            if self.evaluation is not self.source and hasattr(self.evaluation, "close"):
+                self.evaluation.close()  # an environment's evaluation episodes have their own event loop
             stop_workers(self.engine)
         return history
 
