@@ -33,6 +33,7 @@ from posttrain.distributed import world
 from posttrain.errors import PosttrainError
 from posttrain.rollout.batch import RolloutBatch, concat
 from posttrain.sources import RolloutSource
+from posttrain.sources.wrapper import SourceWrapper
 
 SCHEMA_VERSION = 2  # 2: the run's shape and model ("run"), checked on replay
 TEXT_FIELDS = ("prompts", "completions", "columns")
@@ -190,14 +191,15 @@ def check_replay_folder(folder: str | Path, steps: int, run: dict[str, Any] | No
     return path
 
 
-class RecordingSource:
+class RecordingSource(SourceWrapper):
     """Wraps a source and writes every batch it hands out to ``folder`` (``record_rollouts``).
 
     Under torchrun the ranks' shares are recorded as the step's one batch, by rank 0: a
     recording replays alike in one process or several."""
 
     def __init__(self, inner: RolloutSource, folder: Path, run: dict[str, Any] | None = None) -> None:
-        self.inner, self.folder, self.ranks, self.run = inner, Path(folder), world(), run
+        super().__init__(inner)  # the rest of the protocol is the inner source's
+        self.folder, self.ranks, self.run = Path(folder), world(), run
 
     def next_batch(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
         batch, metrics = self.inner.next_batch(step)
@@ -206,21 +208,6 @@ class RecordingSource:
         if self.ranks.is_main:
             write_batch(self.folder, step, whole, step_metrics, self.run)
         return batch, metrics
-
-    def sync_weights(self, version: int) -> None:
-        self.inner.sync_weights(version)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.inner.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> list[str]:
-        return self.inner.load_state_dict(state)
-
-    def start(self) -> None:
-        self.inner.start()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 class ReplaySource:
