@@ -2,7 +2,7 @@
 
 On GSM-style problems the shipped model is right ~2% of the time, so a group of samples almost never
 holds a right answer and GRPO has nothing to reinforce (``examples/smollm2_gsm.py``). This recipe
-picks a task by measuring first (``benchmarks/task_candidates.py``, table in the README):
+picks a task by measuring first (``benchmarks/task_candidates.py``, table in docs/real-models.md):
 reasoning-gym's ``basic_arithmetic`` at 2-digit numbers and up to 3 terms (``+ - *``) is right ~14%
 greedily, ~27% within 8 samples, and has no dominant answer. (``--config
 configs/smollm2_letters.yaml --no-sft`` reruns the earlier choice, letter counting, whose "gain" was
@@ -291,7 +291,7 @@ def fingerprint(args: argparse.Namespace, rows: list[dict]) -> str:
 def summarize(
     done: dict, rows: list[dict], shipped: dict, after_sft: dict | None, trained: dict, answers: list[str]
 ) -> dict:
-    """The figures the README's table shows: gains over the shipped model and over the RL start."""
+    """The figures table in docs/real-models.md shows: gains over the shipped model and over the RL start."""
     # what always giving the commonest answer scores: a policy can reach it without solving anything
     majority = Counter(str(row["answer"]) for row in rows).most_common(1)[0][1] / len(rows)
     if trained["greedy"] <= majority + 2 * trained["greedy_stderr"]:

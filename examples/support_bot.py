@@ -64,7 +64,7 @@ FIGURES = {  # summary name: evaluation metric (eval/<metric>, eval/sampled_<met
     "return": "reward",
 }
 # the same runs, evaluated on fewer rows and only before and after: in 30 steps the sampled
-# resolution already rises but the turns per resolution fall only later (README table)
+# resolution already rises but the turns per resolution fall only later (docs/examples.md, the support bot's table)
 QUICK_RL = ["eval_every=0", "eval_size=48"]
 # the RL stage's algorithm and data order besides the config's GRPO over every row (--variant)
 VARIANTS = {

@@ -64,67 +64,35 @@ def _train(args: argparse.Namespace) -> int:
         args.overrides.append(f"resume={args.resume}")
     config = load(config_cls, args.config, args.overrides)
     args.output_dir = config.output_dir  # named by the Ctrl-C message
+    from posttrain.telemetry.headline import closing_lines
+    from posttrain.train.run_header import run_header
+
+    main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun, one header and one ending
+    if main_rank:
+        print("\n".join(run_header(args.command, config)), flush=True)
     getattr(runners, runner_name)(config)
-    print(f"[{args.command}] done: {config.output_dir}/final (model), {config.output_dir}/report.html")
+    if main_rank:
+        for line in closing_lines(config.output_dir):
+            print(f"[{args.command}] {line}")
+        print(f"[{args.command}] done: model {config.output_dir}/final, report {config.output_dir}/report.html")
     return 0
 
 
 def _eval(args: argparse.Namespace) -> int:
-    import json
+    from posttrain.eval_command import run_eval
 
-    from posttrain.data import DataError
-    from posttrain.data.tasks import get_task
-    from posttrain.errors import PosttrainError
-    from posttrain.evaluate import evaluate, sampled_eval
-    from posttrain.models.loading import ModelLoadError, load_causal_lm, load_tokenizer, read_config
-    from posttrain.rewards import resolve_reward
+    return run_eval(args)
 
-    # everything but the weights first: a wrong flag is refused before a model loads
-    if args.data is not None:  # a data file: its prompts (and columns), the first --n of them
-        from posttrain.data import read_dataset
 
-        rows, task_reward = read_dataset(args.data)[: args.n], None
-    else:
-        try:
-            task = get_task(args.task)(1, args.n, args.seed)
-        except PosttrainError as error:
-            raise DataError(f"--task {args.task} --n {args.n}: {error}") from None
-        rows, task_reward = task.held_out, task.reward
-    if args.prompt_template:
-        from posttrain.data.prompt_templates import resolve_prompt_template, template_rows
+def _report(args: argparse.Namespace) -> int:
+    from posttrain.telemetry.report import rebuild_report
 
-        try:
-            resolve_prompt_template(args.prompt_template)
-        except ValueError as error:
-            raise DataError(f"--prompt-template: {error}") from None
-        rows = template_rows(rows, args.prompt_template)
-    if args.chat_template:
-        from posttrain.data.prompt_templates import chat_rows
+    folder = Path(args.run_dir)
+    if not (folder / "metrics.jsonl").is_file() and not (folder / "report.json").is_file():
+        from posttrain.errors import PosttrainError
 
-        rows = chat_rows(rows)
-    if not (args.reward or task_reward):
-        source = f"--data {args.data}" if args.data is not None else f"task {args.task!r}"
-        raise DataError(f"{source} has no reward to score with; pass --reward (a built-in name or pkg.module:fn)")
-    try:
-        reward = resolve_reward(args.reward or task_reward).fn
-    except PosttrainError as error:
-        raise DataError(f"--reward: {error}") from None
-    try:
-        read_config(args.model)
-    except ModelLoadError as error:
-        raise ModelLoadError(f"--model: {error}") from None
-    model, tokenizer = load_causal_lm(args.model).eval(), load_tokenizer(args.model)
-    result = evaluate(model, tokenizer, rows, reward, max_new_tokens=args.max_new_tokens, stop=args.stop)
-    source = {"data": args.data} if args.data is not None else {"task": args.task}
-    report = {**source, "rows": len(rows), "greedy_accuracy": result.accuracy}
-    report["greedy_accuracy_stderr"] = result.stderr
-    if args.k > 1:
-        sampled = sampled_eval(
-            model, tokenizer, rows, reward, k=args.k, max_new_tokens=args.max_new_tokens, seed=args.seed, stop=args.stop
-        )
-        report[f"pass@{args.k}"] = sampled.pass_at_k
-        report[f"mean@{args.k}"], report[f"mean@{args.k}_stderr"] = sampled.mean_at_k, sampled.mean_at_k_stderr
-    print(json.dumps(report))
+        raise PosttrainError(f"{folder} is not a run directory (no metrics.jsonl): name the output_dir of a run")
+    print(f"[report] {rebuild_report(folder)}")
     return 0
 
 
@@ -254,7 +222,15 @@ def _add_eval(commands: Any, debug: argparse.ArgumentParser) -> None:
         "--stop", action="append", default=[], help="a string that ends completions, as sampling.stop (repeatable)"
     )
     evaluate.add_argument("--seed", type=int, default=0, help="seeds the held-out set and sampling")
+    evaluate.add_argument("--output", default=None, help="write every completion, its reward and mark to this JSONL")
+    evaluate.add_argument("--show-failed", type=at_least(0), default=5, help="failed examples printed")
+    evaluate.add_argument("--json", action="store_true", help="print one JSON line instead of the table")
     evaluate.set_defaults(handler=_eval)
+    report = commands.add_parser(
+        "report", parents=[debug], help="rebuild report.html of a run directory from its files (finished or not)"
+    )
+    report.add_argument("run_dir", help="a run's output_dir, e.g. runs/reverse_grpo")
+    report.set_defaults(handler=_report)
 
 
 def _add_models(commands: Any, debug: argparse.ArgumentParser) -> None:
@@ -279,11 +255,11 @@ def _add_demo(commands: Any, debug: argparse.ArgumentParser) -> None:
     demo = commands.add_parser(
         "demo",
         parents=[debug],
-        help="the lecture's example on CPU: SFT a tiny model to reverse names, then GRPO (a few minutes)",
+        help="SFT a tiny model to reverse names, then GRPO, on this machine (about 5 minutes on a laptop CPU)",
         description="Build a character tokenizer and a tiny Llama locally, SFT it on labelled names until it "
         "is right about half the time, then run GRPO on unlabelled prompts with a 0/1 exact-match reward; "
-        "print the lecture's table and held-out exact match after each stage, and compare with SFT continued "
-        "for the same time.",
+        "print its answers on nine hand-picked names and held-out exact match after each stage, and compare "
+        "with SFT continued for the same time.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     # These defaults repeat DemoConfig's (reading them from it would import torch for --help);

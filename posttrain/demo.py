@@ -45,6 +45,7 @@ from posttrain.telemetry.report import comparison_plot, write_report
 from posttrain.train.offline import LoopConfig, train_offline
 from posttrain.train.rl import OnlineRL
 from posttrain.train.rl_config import RLRun, load_rl_config
+from posttrain.train.run_header import describe_device
 from posttrain.train.sft import SFTObjective
 
 Echo = Callable[[str], None]
@@ -271,6 +272,7 @@ def _announce(config: DemoConfig, model: Any, tokenizer: Any, rows: tuple[list, 
         f"[demo] posttrain {posttrain.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"seed {config.seed}, output {out}"
     )
+    echo(f"[demo] device: {describe_device(LoopConfig(output_dir=str(out)))} (device=auto: a GPU when one is visible)")
     echo(
         f"[demo] tiny llama 2 layers x 128 hidden, {n_params:,} parameters, vocab {len(tokenizer)}; "
         f"{len(labelled)} labelled + {len(validation)} validation names for SFT, {len(unlabelled)} unlabelled "
@@ -371,10 +373,27 @@ def _write_report(
         out,
         title="posttrain demo: reverse names, SFT then GRPO",
         figures=["demo_comparison.png"],
-        summary={k: v for k, v in summary.items() if not isinstance(v, dict)},
+        summary={k: v for k, v in summary.items() if not isinstance(v, dict) and v is not None},
         preformatted={
             "After SFT": "\n".join(manual_examples_table(after_sft)),
             "After GRPO": "\n".join(manual_examples_table(after_rl)),
         },
-        links={"RL run report": "rl/report.html"},
+        links=_stage_links(out, "."),
     )
+    for stage in ("sft", "rl", "sft_continued"):  # each stage's own report links back to the others
+        if (out / stage / "metrics.jsonl").is_file():
+            write_report(out / stage, title=f"posttrain demo, {STAGE_TITLES[stage]}", links=_stage_links(out, stage))
+
+
+STAGE_TITLES = {"sft": "stage 1: SFT", "rl": "stage 2: GRPO", "sft_continued": "baseline: SFT continued"}
+
+
+def _stage_links(out: Path, here: str) -> dict[str, str]:
+    """Links from the report in ``out/here`` to the demo's other reports."""
+    pages = {"the demo": "report.html"} | {STAGE_TITLES[s]: f"{s}/report.html" for s in STAGE_TITLES}
+    prefix = "" if here == "." else "../"
+    return {
+        title: prefix + page
+        for title, page in pages.items()
+        if (out / page).parent.resolve() != (out / here).resolve() and (out / page).parent.is_dir()
+    }

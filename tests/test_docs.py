@@ -2,8 +2,10 @@
 
 Docstrings cite the spec as ``docs/algorithms.md §4.8`` (or ``§4.1–4.8``, ``§2.1, 2.5``) and
 the design as ``docs/design.md, "The data that flows"``. These tests read files only: every
-cited section must exist as a heading, nothing may cite the old out-of-repo spec files, and
-every relative link in README.md and docs/*.md must point to a file that exists.
+cited section must exist as a heading, nothing may cite the old out-of-repo spec files,
+every relative link in README.md and docs/*.md must point to a file that exists, those pages
+must use words a reader can decode (no lecture, issue numbers, commit hashes or "seed" for a
+source document), and the README stays short.
 """
 
 from __future__ import annotations
@@ -144,3 +146,133 @@ def test_relative_markdown_links_resolve():
             if not (page.parent / target.split("#")[0]).exists():
                 broken.append(f"{page.relative_to(ROOT)}: {target}")
     assert not broken, "links to files that do not exist:\n" + "\n".join(broken)
+
+
+# --- plain words in user documentation -----------------------------------------------------
+
+USER_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+README_MAX_LINES = 200
+
+LECTURE = re.compile(r"\blectures?\b", re.I)
+MEASURED_HERE = re.compile(r"\bmeasured here\b", re.I)
+ISSUE_NUMBER = re.compile(r"\bissues?\s+#?\d+", re.I)
+HASH_NUMBER = re.compile(r"#\d+\b")
+COMMIT_HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
+HEADING = re.compile(r"^\s{0,3}#{1,6}\s")
+LINK_TARGET = re.compile(r"\]\([^)]*\)")
+INLINE_CODE = re.compile(r"`[^`\n]*`")
+SEED = re.compile(r"\bseeds?\b", re.I)
+# "seed 0", "seeds 0–2", "seed=1", "seed: 3", "seed N": a value follows ...
+SEED_VALUE = re.compile(r"\s*[=:]?\s*(?:\d|[A-Z]\b)")
+# ... but a zero-padded number ("seed 004", "seeds 001/002") names a document, not a value.
+SEED_DOCUMENT_NUMBER = re.compile(r"\s*[=:]?\s*0\d")
+SEED_TABLE_HEADER = re.compile(r"\|\s*$")
+RANDOMNESS_WORDS = {"random", "run", "another", "other", "own", "each", "same", "generator", "different"}
+
+
+def _line_of(text: str, position: int) -> int:
+    return text.count("\n", 0, position) + 1
+
+
+def _prose(text: str) -> str:
+    """The text with inline code blanked out, every offset kept (fenced blocks stay: their
+    comments are read too)."""
+    return INLINE_CODE.sub(lambda m: " " * len(m.group(0)), text)
+
+
+def _seed_as_document(prose: str, match: re.Match) -> bool:
+    """Whether this "seed"/"seeds" names one of the project's source documents.
+
+    It counts as a random seed, and passes, when it is a command-line flag (``--seed``), when a
+    value follows ("seed 0", "seeds 0–2", "seeds 0, 1 and 2", "seed=1", "seed N"), when it is a
+    table column (``| seed |``), or when the word before it is about randomness ("random seed",
+    "another seed", "each seed", "its own seed", "run seed", "generator seeds", ...; the line
+    break between the two words does not matter). Inline code (``seed``, ``Random(seed + i)``
+    between backticks) is not read; comments in code blocks are. Anything else — "the seed's
+    example 1", "the seeds describe", "seed 004" (a zero-padded number) — is flagged: name the
+    example, paper or idea instead.
+    """
+    before, after = prose[: match.start()], prose[match.end() :]
+    if before.endswith("--"):
+        return False
+    if SEED_DOCUMENT_NUMBER.match(after):
+        return True
+    if SEED_VALUE.match(after):
+        return False
+    if SEED_TABLE_HEADER.search(before.split("\n")[-1]) and after.lstrip(" ").startswith("|"):
+        return False
+    words = re.findall(r"[\w-]+", before[-80:].lower())
+    return not (words and words[-1] in RANDOMNESS_WORDS)
+
+
+def _plain_word_problems(text: str) -> list[tuple[int, str]]:
+    """(line, what) for every word of ``text`` a reader cannot decode (see the test below)."""
+    found = []
+    for number, line in enumerate(text.split("\n"), 1):
+        for name, pattern in [
+            ("'lecture'", LECTURE),
+            ("'measured here' (say where)", MEASURED_HERE),
+            ("an issue number", ISSUE_NUMBER),
+            ("a commit hash", COMMIT_HASH),
+        ]:
+            found += [(number, f"{name}: {m.group(0)!r}") for m in pattern.finditer(line)]
+        if not HEADING.match(line):
+            outside_links = LINK_TARGET.sub("", line)
+            found += [(number, f"an issue number: {m.group(0)!r}") for m in HASH_NUMBER.finditer(outside_links)]
+    prose = _prose(text)
+    for m in SEED.finditer(prose):
+        if _seed_as_document(prose, m):
+            context = " ".join(prose[max(0, m.start() - 30) : m.end() + 15].split())
+            found.append((_line_of(prose, m.start()), f"'seed' naming a document: {context!r}"))
+    return sorted(found)
+
+
+def test_plain_words_rule_flags_documents_and_passes_random_seeds():
+    flagged = [
+        "make demo    # then the seed's example 1",
+        "The seed lectures close with one table",
+        "Reward hacking, as the seeds describe it",
+        "Asynchronous RL (seed 004, AReaL)",
+        "Direct assessment (seeds 000/001)",
+        "as issue 22 asked",
+        "see #22 for the plan",
+        "before ad3932d, seeds drew",
+        "Measured here (seed 0)",
+    ]
+    passed = [
+        '`make demo ARGS="--seed 1"` repeats it with another\nrandom seed',
+        "on seeds 0–2, seed 2 lowest; seeds 0, 1 and 2; --seed N",
+        "each seed on its own problems, generated from another\nseed than the training problems",
+        "| variant | seed | greedy |",
+        "the `seed` key, `rollout.vllm.seed`",
+        "## 4. Policy losses",
+        "see [the losses](algorithms.md#4-policy-losses)",
+        "a 2-core CPU, 1e-4 and 3.4e-5 and 0.0739 s/step",
+    ]
+    for text in flagged:
+        assert _plain_word_problems(text), f"not flagged: {text!r}"
+    for text in passed:
+        assert not _plain_word_problems(text), f"flagged: {text!r}: {_plain_word_problems(text)}"
+
+
+def test_user_docs_use_plain_words():
+    """README.md and docs/*.md name things a reader can look up.
+
+    Flagged anywhere in the text: "lecture(s)"; "measured here" (say where: "on a 2-core CPU",
+    "on one H100"); issue numbers ("issue 22", "issues 41/42", "#22" outside headings and link
+    anchors); commit hashes (7–40 lowercase hex characters with a letter and a digit). Flagged
+    outside code: "seed"/"seeds" used for one of the project's source documents rather than a
+    random seed — the rule is in ``_seed_as_document``.
+    """
+    problems = []
+    for page in USER_PAGES:
+        for number, what in _plain_word_problems(_read(page)):
+            problems.append(f"{page.relative_to(ROOT)}:{number}: {what}")
+    assert not problems, "words a reader cannot decode:\n" + "\n".join(problems)
+
+
+def test_readme_is_short():
+    lines = _read(ROOT / "README.md").splitlines()
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md has {len(lines)} lines (at most {README_MAX_LINES}); move details to docs/*.md"
+    )

@@ -182,7 +182,7 @@ def test_eval_command_on_a_data_file_reports_greedy_and_sampled_figures(model, t
     rows = make_rows(["sean", "akshitaxy", "joe", "al"])
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     args = ["eval", "--model", str(folder), "--data", str(data), "--n", "3", "--k", "2", "--max-new-tokens", "8"]
-    assert main([*args, "--reward", "reverse"]) == 0
+    assert main([*args, "--reward", "reverse", "--json"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     greedy = evaluate(model, tokenizer, rows[:3], reverse_reward, max_new_tokens=8)
     sampled = sampled_eval(model, tokenizer, rows[:3], reverse_reward, k=2, max_new_tokens=8, seed=0)

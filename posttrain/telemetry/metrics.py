@@ -19,8 +19,13 @@ from posttrain.errors import MissingExtraError
 log = logging.getLogger(__name__)
 
 
+EXTRA_FILES = ("eval_samples.jsonl", "warnings.jsonl")
+
+
 class MetricsLogger:
-    """Writes scalars per step to every enabled sink; ``samples`` go to ``samples.jsonl``.
+    """Writes scalars per step to every enabled sink; a step's sample completions go to
+    ``samples.jsonl``, the held-out answers of an evaluation to ``eval_samples.jsonl`` (and to
+    W&B as a table, TensorBoard as text), the warnings a run printed to ``warnings.jsonl``.
 
     ``resume_step``: when a run resumes from a checkpoint at step N, records after N in the
     existing files came from the steps that are about to be redone; they are dropped so the
@@ -54,11 +59,12 @@ class MetricsLogger:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.samples_path = self.run_dir / "samples.jsonl"
-        for path in (self.metrics_path, self.samples_path):
+        paths = [self.metrics_path, self.samples_path, *(self.run_dir / name for name in EXTRA_FILES)]
+        for path in paths:
             _truncate_after(path, resume_step)
         mode = "a" if resume_step is not None else "w"
-        self._metrics = self.metrics_path.open(mode, encoding="utf-8")
-        self._samples = self.samples_path.open(mode, encoding="utf-8")
+        sinks = [path.open(mode, encoding="utf-8") for path in paths]
+        self._metrics, self._samples, self._eval_samples, self._warnings = sinks
         self._tensorboard = _open_tensorboard(self.run_dir / "tensorboard") if tensorboard else None
         self._wandb = _open_wandb(run_name or self.run_dir.name, config, self.run_dir) if wandb else None
 
@@ -74,13 +80,27 @@ class MetricsLogger:
             self._wandb.log(record, step=step)
 
     def log_samples(self, step: int, samples: Iterable[Mapping[str, Any]]) -> None:
-        for sample in samples:
-            self._samples.write(json.dumps({"step": step, **sample}, default=str) + "\n")
-        self._samples.flush()
+        _write_lines(self._samples, step, samples)
+
+    def log_eval_samples(self, step: int, samples: list[Mapping[str, Any]]) -> None:
+        """An evaluation's answers (prompt, completion, reward, correct), one line each."""
+        _write_lines(self._eval_samples, step, samples)
+        if self._tensorboard is not None and samples:
+            self._tensorboard.add_text("eval_samples", _markdown_table(samples), step)
+        if self._wandb is not None and samples:
+            import wandb
+
+            columns = list(dict.fromkeys(key for sample in samples for key in sample))
+            table = wandb.Table(columns=columns, data=[[str(s.get(c, "")) for c in columns] for s in samples])
+            self._wandb.log({"eval_samples": table}, step=step)
+
+    def log_warnings(self, step: int, messages: Iterable[str]) -> None:
+        """Warnings the run printed at ``step``: the report shows them first."""
+        _write_lines(self._warnings, step, [{"message": message} for message in messages])
 
     def close(self) -> None:
-        self._metrics.close()
-        self._samples.close()
+        for sink in (self._metrics, self._samples, self._eval_samples, self._warnings):
+            sink.close()
         if self._tensorboard is not None:
             self._tensorboard.close()
         if self._wandb is not None:
@@ -105,6 +125,20 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return records
+
+
+def _write_lines(sink: Any, step: int, records: Iterable[Mapping[str, Any]]) -> None:
+    for record in records:
+        sink.write(json.dumps({"step": step, **record}, default=str) + "\n")
+    sink.flush()
+
+
+def _markdown_table(samples: list[Mapping[str, Any]]) -> str:
+    """Samples as a Markdown table (TensorBoard's text tab renders it); cells on one line."""
+    columns = list(dict.fromkeys(key for sample in samples for key in sample))
+    cell = lambda value: str(value).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return "\n".join(lines + ["| " + " | ".join(cell(s.get(c, "")) for c in columns) + " |" for s in samples])
 
 
 def _truncate_after(path: Path, step: int | None) -> None:

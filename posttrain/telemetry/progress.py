@@ -8,6 +8,19 @@ from collections.abc import Mapping, Sequence
 
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
+from rich.text import Text
+
+
+class _BarThenMetrics(RichProgress):
+    """A rich progress bar with the metrics on a line of their own below it: the step counter
+    and the ETA then fit an 80-column terminal whatever the metrics, which are cut at its edge."""
+
+    metrics = ""
+
+    def get_renderables(self):
+        yield self.make_tasks_table(self.tasks)
+        if self.metrics:
+            yield Text(self.metrics, no_wrap=True, overflow="ellipsis", style="dim")
 
 
 class Progress:
@@ -34,22 +47,23 @@ class Progress:
         self._started = time.perf_counter()
         self._bar: RichProgress | None = None
         if self.live:
-            self._bar = RichProgress(
+            self._bar = _BarThenMetrics(
                 TextColumn(f"[bold]{label}"),
-                BarColumn(),
+                BarColumn(bar_width=None),  # the bar takes what the counter and times leave
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
                 TextColumn("eta"),
                 TimeRemainingColumn(),
-                TextColumn("{task.fields[metrics]}"),
+                expand=True,
             )
-            self._task = self._bar.add_task(label, total=total, completed=start, metrics="")
+            self._task = self._bar.add_task(label, total=total, completed=start)
             self._bar.start()
 
     def update(self, step: int, metrics: Mapping[str, float]) -> None:
         shown = "  ".join(f"{k} {metrics[k]:.4g}" for k in self.keys if k in metrics)
         if self._bar is not None:
-            self._bar.update(self._task, completed=step, metrics=shown)
+            self._bar.metrics = shown
+            self._bar.update(self._task, completed=step)
         elif step % self.every == 0 or step == self.total:
             print(f"[{self.label}] step {step}/{self.total}  {shown}  {self._timing(step)}", flush=True)
 

@@ -1,189 +1,114 @@
-"""The end-of-run report: curves from ``metrics.jsonl`` and a table of sample completions.
+"""The end-of-run report, headline first: ``report.html`` in the run directory.
 
-``report.html`` sits in the run directory beside one PNG per metric group (``loss``,
-``reward``, ``eval`` ...), so the page opens offline in any browser and the plots can be
-pasted elsewhere. It is rebuilt from the files alone, so it can be regenerated for any run,
+A reader opens it to learn whether the run worked, so the page goes from the answer to the
+detail: what stopped the run and the warnings it printed; a summary (held-out evaluation first
+→ last, reward, KL, time); the key curves (report_plots.py); the best, worst and median
+completions of the last step; the held-out answers marked right or wrong; and, folded away,
+every metric (constant ones as one line). A section with nothing to show is left out.
+
+The page is rebuilt from the run directory's files alone (``metrics.jsonl``, ``samples.jsonl``,
+``eval_samples.jsonl``, ``warnings.jsonl`` and ``report.json``, which keeps what a caller added:
+a summary, figures, text, links), so ``posttrain report RUN_DIR`` redraws it for any run,
 finished or killed.
 """
 
 from __future__ import annotations
 
 import html
+import json
 import logging
 import math
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # no display on servers and CI
-import matplotlib.pyplot as plt
-
+from posttrain.telemetry.headline import metric_series, run_headline
+from posttrain.telemetry.headline import number as _number
 from posttrain.telemetry.metrics import read_jsonl
+from posttrain.telemetry.report_plots import (
+    comparison_plot,
+    is_constant,
+    key_curves,
+    plot_groups,
+    plot_key_curves,
+    rl_panels_plot,
+    staleness_histogram,
+)
+
+__all__ = ["comparison_plot", "rebuild_report", "rl_panels_plot", "write_failure_report", "write_report"]
 
 log = logging.getLogger(__name__)
 
-SKIP_KEYS = {"step"}
-
-
-def metric_series(records: list[dict[str, Any]]) -> dict[str, tuple[list[int], list[float]]]:
-    """``{key: (steps, values)}`` for every numeric metric, in step order."""
-    series: dict[str, tuple[list[int], list[float]]] = defaultdict(lambda: ([], []))
-    for record in sorted(records, key=lambda r: r.get("step", 0)):
-        for key, value in record.items():
-            if key not in SKIP_KEYS and isinstance(value, (int, float)) and not isinstance(value, bool):
-                series[key][0].append(int(record.get("step", 0)))
-                series[key][1].append(float(value))
-    return dict(series)
-
-
-def plot_groups(series: dict[str, tuple[list[int], list[float]]], out_dir: Path) -> list[Path]:
-    """One PNG per group (the part of the key before '/'), one panel per metric."""
-    groups: dict[str, list[str]] = defaultdict(list)
-    for key in sorted(series):
-        groups[key.split("/")[0] if "/" in key else "other"].append(key)
-    written = []
-    for group, keys in sorted(groups.items()):
-        cols = min(3, len(keys))
-        rows = math.ceil(len(keys) / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.8 * rows), squeeze=False)
-        for ax, key in zip(axes.flat, keys, strict=False):
-            steps, values = series[key]
-            ax.plot(steps, values, marker="." if len(steps) < 30 else None, linewidth=1.2)
-            ax.set_title(key, fontsize=9)
-            ax.set_xlabel("step", fontsize=8)
-            ax.tick_params(labelsize=7)
-            ax.grid(alpha=0.3)
-        for ax in list(axes.flat)[len(keys) :]:
-            ax.axis("off")
-        fig.tight_layout()
-        path = out_dir / f"report_{group.replace(' ', '_')}.png"
-        fig.savefig(path, dpi=90)
-        plt.close(fig)
-        written.append(path)
-    return written
-
-
-def staleness_histogram(series: dict[str, tuple[list[int], list[float]]], out_dir: Path) -> Path | None:
-    """An asynchronous run's samples by staleness (versions between the weights that sampled
-    them and the update that trained them; ``async/staleness_k``, each step's fractions averaged
-    over the run, the last bin "k or older"), as one bar chart; None for a synchronous run."""
-    keys = sorted((key for key in series if key.startswith("async/staleness_") and key[-1].isdigit()),
-                  key=lambda key: int(key.rsplit("_", 1)[1]))  # fmt: skip
-    if not keys:
-        return None
-    shares = [sum(series[key][1]) / max(len(series[key][1]), 1) for key in keys]
-    labels = [key.rsplit("_", 1)[1] for key in keys]
-    labels[-1] += "+"
-    fig, ax = plt.subplots(figsize=(4.6, 3.0))
-    ax.bar(labels, shares, color="#4a7ab5")
-    ax.set_title("samples by staleness (policy versions), whole run", fontsize=9)
-    ax.set_xlabel("staleness", fontsize=8)
-    ax.set_ylabel("share of samples", fontsize=8)
-    ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    path = out_dir / "report_async_staleness_histogram.png"
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
-
-
-def comparison_plot(
-    curves: dict[str, list[tuple[float, float]]], path: Path, *, title: str, xlabel: str, ylabel: str
-) -> Path:
-    """Several ``label: [(x, y), ...]`` curves on one axis (e.g. accuracy of two methods over time)."""
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    for label, points in curves.items():
-        ax.plot([x for x, _ in points], [y for _, y in points], marker="o", linewidth=1.5, label=label)
-    ax.set_title(title, fontsize=10)
-    ax.set_xlabel(xlabel, fontsize=9)
-    ax.set_ylabel(ylabel, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
-
-
-def rl_panels_plot(
-    rl_dir: Path, panels: list[tuple[str, str, str | None]], path: Path, *, greedy_label: str = "greedy (held out)"
-) -> Path:
-    """One panel per ``(title, sampled key, greedy key or None)`` over an RL run's steps: each
-    step's batch metric as a line, the held-out evaluations (``greedy key``) as points on a
-    0–1 axis. Steps without the sampled key plot as gaps."""
-    records = read_jsonl(Path(rl_dir) / "metrics.jsonl")
-    steps = [r for r in records if panels[0][1] in r]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.1 * len(panels), 3.4))
-    for ax, (title, sampled, greedy) in zip(axes, panels, strict=True):
-        values = [r.get(sampled, math.nan) for r in steps]
-        ax.plot([r["step"] for r in steps], values, linewidth=1, label="sampled (batch)")
-        if greedy:
-            evals = [r for r in records if greedy in r]
-            ax.plot([r["step"] for r in evals], [r[greedy] for r in evals], marker="o", label=greedy_label)
-            ax.set_ylim(-0.02, 1.02)
-            ax.legend(fontsize=8)
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("RL step", fontsize=9)
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+REPORT_INPUTS = "report.json"
+"""What the caller of :func:`write_report` added to the page, kept for :func:`rebuild_report`."""
+STYLE = (
+    "body{font-family:sans-serif;margin:2em;max-width:1300px}"
+    "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;"
+    "text-align:left;vertical-align:top}td.text{font-family:monospace;white-space:pre-wrap}"
+    ".stopped{border-left:4px solid #b33;padding-left:1em}.warnings li{color:#8a5a00}"
+    "tr.right td.mark{color:#186a18}tr.wrong td.mark{color:#b33}"
+)
+ONLY_WRONG = (
+    "<script>document.getElementById('only-wrong').addEventListener('change',function(event){"
+    "document.querySelectorAll('tr.right').forEach(function(row){row.hidden=event.target.checked;});});</script>"
+)
 
 
 def write_report(
     run_dir: str | Path,
     *,
     title: str = "posttrain run",
-    max_samples: int = 24,
     figures: list[str] = (),
     summary: dict[str, Any] | None = None,
     preformatted: dict[str, str] | None = None,
     links: dict[str, str] | None = None,
+    stopped: str | None = None,
 ) -> Path:
-    """Build ``report.html`` (and its PNGs) from the run directory's JSONL files.
+    """Build ``report.html`` (and its PNGs) from the run directory's files.
 
-    ``figures`` (PNG names in the run directory), ``summary`` (a table of numbers),
-    ``preformatted`` (titled blocks of text) and ``links`` (title: relative URL) go first.
+    ``summary`` (numbers that head the summary table), ``figures`` (PNG names in the run
+    directory, shown before the key curves), ``preformatted`` (titled blocks of text),
+    ``links`` (title: relative URL, e.g. the other reports of a pipeline) and ``stopped`` (why the
+    run ended early) are the caller's; they are kept in ``report.json`` for :func:`rebuild_report`.
     """
     run_dir = Path(run_dir)
+    inputs = {"title": title, "figures": list(figures), "summary": summary, "preformatted": preformatted}
+    inputs |= {"links": links, "stopped": stopped}
+    (run_dir / REPORT_INPUTS).write_text(json.dumps(inputs, indent=1, default=str) + "\n", encoding="utf-8")
     records = read_jsonl(run_dir / "metrics.jsonl")  # a missing file reads as no records
-    samples = read_jsonl(run_dir / "samples.jsonl")[-max_samples:]
     series = metric_series(records)
-    images = plot_groups(series, run_dir)
-    histogram = staleness_histogram(series, run_dir)
-    if histogram is not None:
-        images.append(histogram)
-    last = {key: values[-1] for key, (_, values) in series.items()}
-    extra: list[str] = []
-    if links:
-        extra.append("<p>" + " · ".join(f"<a href='{html.escape(u)}'>{html.escape(t)}</a>" for t, u in links.items()))
-    if summary:
-        extra += ["<h2>Summary</h2>", _table([{"item": k, "value": v} for k, v in summary.items()])]
-    extra += [f"<p><img src='{html.escape(name)}' alt='{html.escape(name)}'></p>" for name in figures]
-    for heading, text in (preformatted or {}).items():
-        extra += [f"<h3>{html.escape(heading)}</h3>", f"<pre>{html.escape(text)}</pre>"]
-    parts = [
+    sections = [
+        _links(links),
+        _stopped(stopped),
+        _warnings(read_jsonl(run_dir / "warnings.jsonl")),
+        _summary(summary, records, series, run_dir),
+        *[f"<p><img src='{html.escape(name)}' alt='{html.escape(name)}'></p>" for name in figures],
+        _key_curves(series, run_dir),
+        _last_step_samples(read_jsonl(run_dir / "samples.jsonl")),
+        _held_out_answers(read_jsonl(run_dir / "eval_samples.jsonl")),
+        *[f"<h2>{html.escape(h)}</h2><pre>{html.escape(text)}</pre>" for h, text in (preformatted or {}).items()],
+        _all_metrics(series, run_dir),
+    ]
+    page = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-        "<style>body{font-family:sans-serif;margin:2em;max-width:1300px}"
-        "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;"
-        "text-align:left;vertical-align:top}td.text{font-family:monospace;white-space:pre-wrap}</style></head><body>",
+        f"<style>{STYLE}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
-        *extra,
-        f"<p>{len(records)} logged steps; run directory <code>{html.escape(str(run_dir))}</code>.</p>",
-        "<h2>Final values</h2>",
-        _table([{"metric": k, "value": f"{v:.6g}"} for k, v in sorted(last.items())]),
-        "<h2>Curves</h2>",
-        *[f"<p><img src='{html.escape(p.name)}' alt='{html.escape(p.stem)}'></p>" for p in images],
-        f"<h2>Sample completions (last {len(samples)})</h2>",
-        _table(samples),
+        *[section for section in sections if section],
         "</body></html>",
     ]
     path = run_dir / "report.html"
-    path.write_text("\n".join(parts), encoding="utf-8")
+    path.write_text("\n".join(page), encoding="utf-8")
     return path
+
+
+def rebuild_report(run_dir: str | Path) -> Path:
+    """``report.html`` of ``run_dir`` drawn again from its files (``posttrain report RUN_DIR``), with
+    what its writer added (``report.json``); a folder without one gets the plain report."""
+    run_dir = Path(run_dir)
+    inputs_path = run_dir / REPORT_INPUTS
+    inputs = json.loads(inputs_path.read_text(encoding="utf-8")) if inputs_path.is_file() else {}
+    inputs.setdefault("title", f"posttrain run: {run_dir.resolve().name}")
+    inputs = {key: value for key, value in inputs.items() if value is not None}
+    return write_report(run_dir, **inputs)
 
 
 def write_failure_report(run_dir: str | Path, *, title: str, error: BaseException) -> Path | None:
@@ -198,15 +123,110 @@ def write_failure_report(run_dir: str | Path, *, title: str, error: BaseExceptio
     else:
         reason = f"{type(error).__name__}: {error}"
     try:
-        return write_report(run_dir, title=f"{title} (stopped)", preformatted={"The run stopped": reason})
+        return write_report(run_dir, title=f"{title} (stopped)", stopped=reason)
     except Exception as report_error:  # the run's own error is the one to raise
         log.warning("could not write the report of the stopped run: %s", report_error)
         return None
 
 
-def _table(rows: list[dict[str, Any]]) -> str:
+# ---------------------------------------------------------------------------------- sections
+def _links(links: dict[str, str] | None) -> str:
+    if not links:
+        return ""
+    anchors = [f"<a href='{html.escape(url)}'>{html.escape(text)}</a>" for text, url in links.items()]
+    return "<p>See also: " + " · ".join(anchors) + "</p>"
+
+
+def _stopped(reason: str | None) -> str:
+    if not reason:
+        return ""
+    return f"<div class='stopped'><h2>The run stopped</h2><pre>{html.escape(reason)}</pre></div>"
+
+
+def _warnings(records: list[dict[str, Any]]) -> str:
+    """The warnings the run printed (``warnings.jsonl``), each once, in the order they came."""
+    if not records:
+        return ""
+    items = [f"<li>step {r.get('step', '?')}: {html.escape(str(r.get('message', '')))}</li>" for r in records]
+    return f"<h2>Warnings ({len(records)})</h2><ul class='warnings'>{''.join(items)}</ul>"
+
+
+def _summary(given: dict[str, Any] | None, records: list[dict], series: dict, run_dir: Path) -> str:
+    rows = {key: value for key, value in (given or {}).items() if value is not None}
+    rows |= run_headline(records, series)
     if not rows:
-        return "<p>(none)</p>"
+        return ""
+    rows["run directory"] = str(run_dir)
+    lines = [
+        f"<tr><th>{html.escape(key)}</th><td>{html.escape(str(_plain(value)))}</td></tr>" for key, value in rows.items()
+    ]
+    return "<h2>Summary</h2><table class='summary'>" + "".join(lines) + "</table>"
+
+
+def _key_curves(series: dict, run_dir: Path) -> str:
+    path = plot_key_curves(series, run_dir)
+    if path is None:
+        return ""
+    panels = ", ".join(title for title, _ in key_curves(series))
+    return f"<h2>Key curves</h2><p><img src='{path.name}' alt='key curves'></p><p class='panels'>Panels: {panels}.</p>"
+
+
+def _last_step_samples(samples: list[dict[str, Any]]) -> str:
+    """The best, the worst and the median completion (by reward) of the last step logged."""
+    if not samples:
+        return ""
+    last = max(int(s.get("step", 0)) for s in samples)
+    scored = sorted(
+        (s for s in samples if int(s.get("step", 0)) == last),
+        key=lambda s: -math.inf if s.get("reward") is None else float(s["reward"]),
+    )
+    picks = {"best": scored[-1], "median": scored[len(scored) // 2], "worst": scored[0]}
+    rows = [{"": which, **{k: v for k, v in s.items() if k != "step"}} for which, s in picks.items()]
+    return f"<h2>Completions of step {last}: best, median, worst</h2>" + _table(rows)
+
+
+def _held_out_answers(samples: list[dict[str, Any]]) -> str:
+    """The last evaluation's answers, each marked right (full marks), wrong, or unscored."""
+    if not samples:
+        return ""
+    last = max(int(s.get("step", 0)) for s in samples)
+    rows = [s for s in samples if int(s.get("step", 0)) == last]
+    right = sum(1 for s in rows if s.get("correct") is True)
+    head = f"<h2>Held-out answers at step {last}: {right} of {len(rows)} right</h2>"
+    toggle = "<p><label><input type='checkbox' id='only-wrong'> only the answers that are not right</label></p>"
+    columns = ["prompt", "completion", "reward"]
+    body = []
+    for sample in rows:
+        correct = sample.get("correct")
+        css, mark = {True: ("right", "✓ right"), False: ("wrong", "✗ wrong")}.get(correct, ("wrong", "unscored"))
+        cells = "".join(_cell(sample.get(column, "")) for column in columns)
+        body.append(f"<tr class='{css}'><td class='mark'>{mark}</td>{cells}</tr>")
+    table = "<table><tr><th></th>" + "".join(f"<th>{c}</th>" for c in columns) + "</tr>" + "".join(body) + "</table>"
+    return head + toggle + table + ONLY_WRONG
+
+
+def _all_metrics(series: dict, run_dir: Path) -> str:
+    """Every metric, folded away: constant ones on one line, the final values, one plot per group."""
+    if not series:
+        return ""
+    constant = [f"{key} = {_number(values[-1])}" for key, (_, values) in sorted(series.items()) if is_constant(values)]
+    images = plot_groups(series, run_dir)
+    histogram = staleness_histogram(series, run_dir)
+    images += [histogram] if histogram is not None else []
+    finals = [{"metric": key, "last value": _number(values[-1])} for key, (_, values) in sorted(series.items())]
+    parts = ["<details><summary><b>All metrics</b> (final values and one plot per group)</summary>"]
+    if constant:
+        parts.append(f"<p>Constant throughout: {html.escape(', '.join(constant))}.</p>")
+    parts += [_table(finals), *[f"<p><img src='{p.name}' alt='{html.escape(p.stem)}'></p>" for p in images]]
+    return "".join(parts) + "</details>"
+
+
+# ---------------------------------------------------------------------------------- cells
+def _plain(value: Any) -> Any:
+    return _number(value) if isinstance(value, float) else value
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
     columns = list(dict.fromkeys(key for row in rows for key in row))
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
     body = "".join("<tr>" + "".join(_cell(row.get(c, "")) for c in columns) + "</tr>" for row in rows)

@@ -41,19 +41,16 @@ from posttrain.config import ConfigError, dump_config
 from posttrain.data import DataError
 from posttrain.data.section import check_enough_rows, load_rows
 from posttrain.devices import resolve_device
-from posttrain.distributed import join, note_strategy, world
-from posttrain.envs import resolve_environment
+from posttrain.distributed import world
 from posttrain.memory import return_free_memory
-from posttrain.models.section import build_model_and_tokenizer, check_model_source
+from posttrain.models.section import build_model_and_tokenizer
 from posttrain.models.value import value_model_from_policy
 from posttrain.rewards import NamedReward, RewardSet
 from posttrain.rewards.registry import resolve_rewards
 from posttrain.rollout.batch import RolloutBatch
 from posttrain.sources import RolloutSource
-from posttrain.sources.recorded import check_replay_folder, run_shape
-from posttrain.telemetry.metrics import check_report_to
 from posttrain.train.checkpoint import checkpoint_root, load_training_state, load_weights_into, save_checkpoint
-from posttrain.train.rl_checks import StepWarnings, preflight_rewards
+from posttrain.train.rl_checks import StepWarnings, check_before_loading, preflight_rewards
 from posttrain.train.rl_config import RLRun
 from posttrain.train.rl_prepare import (
     BatchPreparer,
@@ -62,10 +59,18 @@ from posttrain.train.rl_prepare import (
     recompute_old_logprobs,
     sequence_logprobs,
 )
-from posttrain.train.rl_sources import build_source, check_placement, learner_engine, reward_pool, stop_workers
+from posttrain.train.rl_sources import build_source, learner_engine, reward_pool, stop_workers
 from posttrain.train.rl_update import PolicyUpdate
-from posttrain.train.run_dir import start_point
-from posttrain.train.run_outputs import finish_run, logged_samples, on_main, ready_run_dir, report_failure, run_sinks
+from posttrain.train.run_outputs import (
+    WarningTape,
+    finish_run,
+    held_out_records,
+    logged_samples,
+    on_main,
+    ready_run_dir,
+    report_failure,
+    run_sinks,
+)
 from posttrain.train.stopping import StopOnSignal
 
 Echo = Callable[[str], None]
@@ -91,25 +96,14 @@ class OnlineRL:
         held_out_rows: Sequence[dict[str, Any]] | None = None,
         echo: Echo = print,
     ) -> None:
-        self.config, self.algo, self.echo = config, config.algorithm, echo
-        _check_before_loading(config, model_given=model is not None)
+        # every line the run prints goes through the tape: it keeps the warnings for the report
+        self.config, self.algo, self.echo = config, config.algorithm, WarningTape(echo)
+        check_before_loading(config, model_given=model is not None)
         if config.threads:
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
         train_rows, task_reward = self._read_data(train_rows, held_out_rows)
-        named = self._resolve_rewards(reward_functions, task_reward)
-        # with env and no rewards listed, the environment's own rewards are the only ones
-        self.rewards = (
-            RewardSet(
-                named,
-                workers=config.reward_workers,
-                timeout_s=config.reward_timeout,
-                max_failed_fraction=config.reward_max_failed_fraction,
-                pool=reward_pool(config),  # worker processes here, or Ray tasks (cluster.kind: ray)
-            )
-            if named
-            else None
-        )
+        self.rewards = self._reward_set(self._resolve_rewards(reward_functions, task_reward))
 
         torch.manual_seed(config.seed)  # the policy's initial weights do not depend on the rewards built
         if model is None:
@@ -124,13 +118,13 @@ class OnlineRL:
         self.reference = self._build_reference() if self.algo.kl.needs_reference else None
         # the value model: the policy's body with a fresh scalar head (models/value.py)
         self.critic = value_model_from_policy(self.policy).train() if self.algo.critic is not None else None
-        self.engine = learner_engine(config, self.policy, tokenizer, echo)
+        self.engine = learner_engine(config, self.policy, tokenizer, self.echo)
         self.source, self.evaluation = self._build_source(train_rows)
 
         self.kl_controller = build_kl_controller(self.algo.kl)
         self.running_baseline = BASELINES[self.algo.baseline]()  # kept by the loop, or None (algos/returns.py)
         self.step_count = 0
-        self.warnings = StepWarnings(echo, max_new_tokens=config.max_new_tokens)
+        self.warnings = StepWarnings(self.echo, max_new_tokens=config.max_new_tokens)
         # strategy fsdp2 under torchrun: sharded from here on (the engine generates with a whole copy)
         models = tuple(self.ranks.shard(m, config.strategy) for m in (self.policy, self.reference, self.critic))
         self.policy, self.reference, self.critic = models
@@ -184,6 +178,20 @@ class OnlineRL:
             )
         return resolve_rewards(specs or [task_reward], config.reward_weights, config.allow_constant_reward)
 
+    def _reward_set(self, named: list[NamedReward]) -> RewardSet | None:
+        """The run's reward functions together; None with env and no rewards listed: the
+        environment's own rewards are then the only ones."""
+        if not named:
+            return None
+        config = self.config
+        return RewardSet(
+            named,
+            workers=config.reward_workers,
+            timeout_s=config.reward_timeout,
+            max_failed_fraction=config.reward_max_failed_fraction,
+            pool=reward_pool(config),  # worker processes here, or Ray tasks (cluster.kind: ray)
+        )
+
     def _build_reference(self) -> nn.Module | None:
         """The KL anchor: the initial policy. With LoRA it is the same model with adapters
         off (no copy); otherwise a frozen copy made before any update (and before a resume
@@ -212,15 +220,17 @@ class OnlineRL:
             on_main(lambda: self.data_filter.save(self.out))
         history: list[dict[str, float]] = []
         logger, progress = run_sinks(self.out, config, start, PROGRESS_KEYS, "rl")
+        self.echo.listen(logger)  # from here on its warnings reach warnings.jsonl
         self.source.start()  # worker start-up is not charged to the first step's reward time
         stop = StopOnSignal(self.ranks, config.stop_grace_s).install()  # SIGTERM: stopping.py
         try:
             if start == 0 and self.held_out:
-                logger.log(0, self.evaluate())
+                logger.log(0, self._evaluate(0, logger))
             for step in range(start + 1, config.steps + 1):
+                self.echo.step = step
                 metrics, samples = self.step(step)
                 if self.held_out and config.eval_every and step % config.eval_every == 0 and step < config.steps:
-                    metrics.update(self.evaluate())
+                    metrics.update(self._evaluate(step, logger))
                 logger.log(step, metrics)
                 if samples:
                     logger.log_samples(step, samples)
@@ -233,7 +243,7 @@ class OnlineRL:
                 if stopping:
                     raise stop.stopped(step, checkpoint_root(self.out) / f"step-{step}")
             if self.held_out:
-                final = self.evaluate()
+                final = self._evaluate(config.steps, logger)
                 logger.log(config.steps, final)
                 if history:
                     history[-1].update(final)
@@ -243,6 +253,7 @@ class OnlineRL:
             raise
         finally:
             stop.restore()
+            self.echo.listen(None)
             progress.close()
             logger.close()
             self.source.close()
@@ -316,6 +327,12 @@ class OnlineRL:
         (``train/rl_eval.py``), or greedy episodes (``sources/environment.py``)."""
         return self.evaluation.evaluate(self.held_out)
 
+    def _evaluate(self, step: int, logger: Any) -> dict[str, float]:
+        """:meth:`evaluate`, its answers written to ``eval_samples.jsonl`` marked right or wrong."""
+        metrics = self.evaluate()
+        logger.log_eval_samples(step, held_out_records(self.last_eval))
+        return metrics
+
     def save(self, step: int, config_yaml: str | None = None) -> None:
         ranks = self.ranks  # a sharded model's whole state is gathered to rank 0 (every rank takes part)
         state: dict[str, Any] = {
@@ -367,24 +384,6 @@ class OnlineRL:
         self.source.sync_weights(int(state["step"]))
         self.echo(f"[resume] step {state['step']} restored from {path}")
         return int(state["step"])
-
-
-def _check_before_loading(config: RLRun, *, model_given: bool) -> None:
-    """What a user can get wrong and can be checked before the policy loads (the data and the
-    rewards follow, still before it): the run folder and resume point (run_dir.py), the metric
-    sinks, the device, the model folder, a recording to replay."""
-    ranks = join(resolve_device(config.device))  # torchrun's process group, when started by it
-    ranks.share(range(config.prompts_per_step), "prompts_per_step")  # whole groups per rank, or refused
-    note_strategy(config.strategy)
-    check_placement(config, ranks.device(resolve_device(config.device)), ranks.size)
-    start_point(config.output_dir, config.resume, config.overwrite, dump_config(config), config.steps)
-    check_report_to(config.report_to)
-    if not model_given:
-        check_model_source(config.model)
-    if config.rollout.replay is not None:
-        check_replay_folder(config.rollout.replay, config.steps, run_shape(config))
-    if config.env is not None:  # the class is imported and its options checked here
-        resolve_environment(config.env.name, config.env.options)
 
 
 def run_rl(

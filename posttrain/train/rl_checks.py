@@ -5,6 +5,7 @@
   value would otherwise train on zero advantages (or crash deep in the loop) without saying so.
 * :class:`StepWarnings` looks at each step's metrics for the usual ways a run learns nothing:
   most completions truncated, most groups with zero reward variance, advantages all zero.
+* :func:`check_before_loading`: what a user can get wrong that is checked before the policy loads.
 """
 
 from __future__ import annotations
@@ -15,7 +16,17 @@ from typing import Any
 
 from torch import Tensor
 
+from posttrain.config import dump_config
+from posttrain.devices import resolve_device
+from posttrain.distributed import join, note_strategy
+from posttrain.envs import resolve_environment
 from posttrain.errors import PosttrainError
+from posttrain.models.section import check_model_source
+from posttrain.sources.recorded import check_replay_folder, run_shape
+from posttrain.telemetry.metrics import check_report_to
+from posttrain.train.rl_config import RLRun
+from posttrain.train.rl_sources import check_placement
+from posttrain.train.run_dir import start_point
 
 
 class RewardPreflightError(PosttrainError, RuntimeError):
@@ -117,3 +128,21 @@ class StepWarnings:
                 "every advantage is 0 this step, so the policy loss is 0 by construction and the "
                 "weights only move through KL/entropy terms.",
             )
+
+
+def check_before_loading(config: RLRun, *, model_given: bool) -> None:
+    """What a user can get wrong and can be checked before the policy loads (the data and the
+    rewards follow, still before it): the run folder and resume point (run_dir.py), the metric
+    sinks, the device, the model folder, a recording to replay."""
+    ranks = join(resolve_device(config.device))  # torchrun's process group, when started by it
+    ranks.share(range(config.prompts_per_step), "prompts_per_step")  # whole groups per rank, or refused
+    note_strategy(config.strategy)
+    check_placement(config, ranks.device(resolve_device(config.device)), ranks.size)
+    start_point(config.output_dir, config.resume, config.overwrite, dump_config(config), config.steps)
+    check_report_to(config.report_to)
+    if not model_given:
+        check_model_source(config.model)
+    if config.rollout.replay is not None:
+        check_replay_folder(config.rollout.replay, config.steps, run_shape(config))
+    if config.env is not None:  # the class is imported and its options checked here
+        resolve_environment(config.env.name, config.env.options)

@@ -87,13 +87,23 @@ def sequence_logprobs(
         return _sequence_logprobs(model, batch, config, with_entropy)
 
 
+def activation_checkpointing(model: nn.Module) -> bool:
+    """Whether ``model`` recomputes activations in its backward pass. transformers 5 renamed the
+    property (``is_gradient_checkpointing`` warns, deprecated): the new name is read where the
+    class has it, so no run prints a warning caused by this check."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if getattr(type(model), name, None) is not None:
+            return bool(getattr(model, name))
+    return False
+
+
 def _sequence_logprobs(
     model: nn.Module, batch: RolloutBatch, config: RLRun, with_entropy: bool
 ) -> tuple[Tensor, Tensor | None]:
     temperature = config.temperature_value
     # a checkpointed model in training mode runs without a KV cache (transformers turns use_cache
     # off), so responses would not see the encoded prompt: it takes the full forward instead
-    checkpointed = model.training and getattr(model, "is_gradient_checkpointing", False)
+    checkpointed = model.training and activation_checkpointing(model)
     if config.shared_prompt_forward and not checkpointed:
         groups, prompt_index = torch.unique(batch.group_ids, return_inverse=True)
         first = torch.full((groups.numel(),), len(batch), dtype=torch.long, device=groups.device)

@@ -6,7 +6,9 @@ its rank. Every rank computes the same metrics; rank 0 logs them."""
 
 from __future__ import annotations
 
+import logging
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -93,8 +95,10 @@ def report_failure(out: Path, title: str, error: BaseException) -> None:
 
 
 def logged_samples(batch: RolloutBatch, count: int) -> list[dict[str, Any]]:
-    """The first ``count`` samples of a prepared batch as samples.jsonl records: prompt,
-    completion, reward (None where unscored) and the sample's first-token advantage."""
+    """``count`` samples of a prepared batch as samples.jsonl records (prompt, completion, reward —
+    None where unscored — and the sample's first-token advantage): the best, the worst and the
+    median by reward first, then others evenly spread over the ranks, so the report can show
+    what the step did at its best and its worst."""
     return [
         {
             "prompt": batch.prompts[i] if isinstance(batch.prompts[i], str) else str(batch.prompts[i]),
@@ -102,5 +106,73 @@ def logged_samples(batch: RolloutBatch, count: int) -> list[dict[str, Any]]:
             "reward": None if math.isnan(float(batch.scores[i])) else float(batch.scores[i]),
             "advantage": float(batch.advantages[i][batch.response_mask[i].bool()][:1].sum()),
         }
-        for i in range(min(count, len(batch)))
+        for i in spread_by_reward(batch.scores.tolist(), count)
     ]
+
+
+def spread_by_reward(scores: Sequence[float], count: int) -> list[int]:
+    """Indices of ``count`` samples: the best, the worst, the median (unscored ones rank lowest;
+    ties keep batch order), then evenly spaced ranks."""
+    ranked = sorted(range(len(scores)), key=lambda i: -math.inf if math.isnan(scores[i]) else scores[i])
+    if not ranked or count <= 0:
+        return []
+    picks = [ranked[-1], ranked[0], ranked[len(ranked) // 2]]
+    picks += [ranked[round(k * (len(ranked) - 1) / max(count - 1, 1))] for k in range(count)]
+    return list(dict.fromkeys(picks))[:count]
+
+
+def held_out_records(result: Any) -> list[dict[str, Any]]:
+    """An evaluation's answers as eval_samples.jsonl records: prompt, completion (an episode's
+    conversation), reward (its return) and ``correct`` — full marks, or the episode resolved;
+    None where unscored. ``result``: an ``EvalResult`` or an environment's episode records."""
+    if result is None:
+        return []
+    if isinstance(result, list):  # episodes (sources/episodes.py: episode_record)
+        return [
+            {"prompt": str(e["prompt"]), "completion": str(e["conversation"]), "reward": e["return"],
+             "correct": e["resolved"] if e["resolved"] is not None else (e["return"] or 0) >= 1.0}
+            for e in result
+        ]  # fmt: skip
+    return [
+        {"prompt": s["prompt"] if isinstance(s["prompt"], str) else str(s["prompt"]),
+         "completion": s["completion"], "reward": s["reward"],
+         "correct": None if s["reward"] is None else s["reward"] >= 1.0}
+        for s in result.samples
+    ]  # fmt: skip
+
+
+class WarningTape:
+    """The run's ``echo``: prints every line and, once :meth:`listen` has a logger, writes the
+    warnings among them (``[warning] ...`` lines, and warnings logged by posttrain's modules)
+    to ``warnings.jsonl``, so the report shows them first."""
+
+    def __init__(self, echo: Callable[[str], None]) -> None:
+        self.echo, self.step, self.logger = echo, 0, None
+        self._handler = _LoggedWarnings(self)
+
+    def __call__(self, line: str) -> None:
+        self.echo(line)
+        if line.lstrip().startswith("[warning]"):
+            self.keep(line.split("]", 1)[1].strip())
+
+    def keep(self, message: str) -> None:
+        if self.logger is not None:  # the record has its step: "step 12: " is not repeated
+            self.logger.log_warnings(self.step, [re.sub(r"^step \d+:\s*", "", message)])
+
+    def listen(self, logger: Any) -> None:
+        """Write warnings through ``logger`` (None: stop)."""
+        self.logger = logger
+        package = logging.getLogger("posttrain")
+        if logger is None:
+            package.removeHandler(self._handler)
+        else:
+            package.addHandler(self._handler)
+
+
+class _LoggedWarnings(logging.Handler):
+    def __init__(self, tape: WarningTape) -> None:
+        super().__init__(logging.WARNING)
+        self.tape = tape
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.tape.keep(record.getMessage())

@@ -78,6 +78,7 @@ def test_the_rl_config_runs_unchanged_on_a_local_qwen2_with_its_own_bpe_tokenize
     assert prompt.endswith(". Assistant:") and len(tokenizer(prompt)["input_ids"]) < len(prompt) / 2  # subwords
     capsys.readouterr()
     evaluate = ["eval", "--model", str(out / "final"), "--task", "arithmetic", "--n", "4", "--reward", "format"]
+    evaluate.append("--json")  # the one line a script reads
     assert main([*evaluate, "--prompt-template", "r1_zero", "--stop", "</answer>", "--max-new-tokens", "8"]) == 0
     assert '"rows": 4' in capsys.readouterr().out
 

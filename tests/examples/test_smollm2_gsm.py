@@ -1,7 +1,7 @@
 """The real-model example (SmolLM2-135M-Instruct on gsm_symbolic): its two configs agree with
 each other, and the whole script (base evaluation, LoRA SFT, LoRA GRPO, summary, figure) runs
 end to end on a tiny local stand-in with its own BPE tokenizer and chat template. The real
-30-minute run is measured in the README, not here."""
+30-minute run is measured in docs/real-models.md, not here."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 with LoRA over a curriculum): the whole script (measure the shipped model, sample it and keep its
 right answers as SFT rows, SFT, measure, GRPO, measure final/ loaded by plain transformers, plain
 generate, summary, figure) runs end to end on a tiny local stand-in with its own BPE tokenizer and
-chat template; so does the letters variant without SFT. The real runs are measured in the README."""
+chat template; so does the letters variant without SFT. The real runs are measured in docs/real-models.md."""
 
 from __future__ import annotations
 

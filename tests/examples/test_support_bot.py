@@ -22,7 +22,7 @@ def test_the_support_bot_example_runs_both_stages_and_rl_resolves_more_in_fewer_
     for name, key in (("resolved", "resolved"), ("turns_per_resolution", "turns_per_resolution"), ("return", "reward")):
         assert summary[f"greedy_{name}"] == [evals[0][f"eval/{key}"], evals[-1][f"eval/{key}"]]
         assert summary[f"sampled_{name}"] == [evals[0][f"eval/sampled_{key}"], evals[-1][f"eval/sampled_{key}"]]
-    # the direction of the README's table, over 48 held-out rows x 4 sampled episodes
+    # the direction of the table in docs/examples.md, over 48 held-out rows x 4 sampled episodes
     before, after = zip(summary["sampled_resolved"], summary["sampled_turns_per_resolution"], strict=True)
     assert after[0] > before[0] and after[1] < before[1], summary
     assert summary["sampled_return"][1] > summary["sampled_return"][0]

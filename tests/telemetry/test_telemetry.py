@@ -56,11 +56,13 @@ def test_report_has_curves_values_and_escaped_samples(tmp_path):
         logger.log_samples(10, [{"prompt": "<b>x</b>", "completion": " naes.", "reward": 1.0}])
     report = write_report(tmp_path, title="reverse")
     page = report.read_text()
+    # the key curves in one figure, a plot per group of changing metrics; eval/accuracy is constant
     assert {p.name for p in tmp_path.glob("report_*.png")} == {
+        "report_key_curves.png",
         "report_loss.png",
         "report_reward.png",
-        "report_eval.png",
     }
     assert "report_reward.png" in page and "&lt;b&gt;x&lt;/b&gt;" in page and "<b>x</b>" not in page
     assert "<td>reward/mean</td><td>1</td>" in page
+    assert "Constant throughout: eval/accuracy = 0.5." in page
     json.dumps(page)  # plain text, nothing binary

@@ -27,7 +27,7 @@ def test_an_rl_run_that_fails_at_step_3_reports_its_first_two_steps_and_why(tmp_
     assert [row["step"] for row in read_jsonl(run / "metrics.jsonl")] == [1, 2]
     report = (run / "report.html").read_text()
     assert "(stopped)" in report and "The run stopped" in report and "the scoring service went away" in report
-    assert "2 logged steps" in report
+    assert "<th>steps</th><td>2</td>" in report  # the summary: what was logged before the failure
 
 
 def test_an_sft_run_that_diverges_reports_why(tmp_path, capsys):

@@ -142,7 +142,7 @@ def test_sft_then_eval_from_the_command_line(tmp_path, capsys):
     assert [r["step"] for r in records if "loss/sft" in r] == list(range(1, 7))
     assert "eval/accuracy" in records[0] and "eval/accuracy" in records[-1]
     capsys.readouterr()
-    assert main(["eval", "--model", str(out / "final"), "--task", "reverse", "--n", "20", "--k", "2"]) == 0
+    assert main(["eval", "--model", str(out / "final"), "--task", "reverse", "--n", "20", "--k", "2", "--json"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     # the command's numbers are those of the library's evaluation of that folder on the task's rows
     rows = get_task("reverse")(1, 20, 0).held_out

@@ -65,7 +65,7 @@ def split_names(n_train: int, n_test: int, *, seed: int = 0) -> tuple[list[str],
     """
     if n_test < len(MANUAL_NAMES):
         raise DataError(
-            f"the reverse task holds out at least {len(MANUAL_NAMES)} rows (the lecture's names); {n_test} asked for"
+            f"the reverse task holds out at least {len(MANUAL_NAMES)} rows (the hand-picked names); {n_test} asked for"
         )
     names = make_names(n_test - len(MANUAL_NAMES) + n_train, seed=seed, exclude=MANUAL_NAMES)
     held_out = [*MANUAL_NAMES, *names[: n_test - len(MANUAL_NAMES)]]
