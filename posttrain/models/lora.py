@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,11 @@ def apply_lora(
         exclude_modules=heads or None,  # peft trains the head in full (modules_to_save); it cannot also adapt it
         task_type=_TASK_TYPES[suffix],
     )
-    return get_peft_model(model, config)
+    with warnings.catch_warnings():
+        # peft reads transformers' renamed `is_gradient_checkpointing` (deprecated in transformers 5):
+        # a warning about peft's code that every LoRA run would print and no user can act on
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        return get_peft_model(model, config)
 
 
 @contextlib.contextmanager

@@ -16,6 +16,8 @@ import sys
 import termios
 from pathlib import Path
 
+import pytest
+
 from posttrain.cli import main
 from posttrain.telemetry.metrics import read_jsonl
 
@@ -81,10 +83,11 @@ def test_the_live_bar_keeps_the_step_counter_and_eta_in_80_columns(tmp_path):
     assert any(line.startswith("reward/mean ") for line in re.split(r"[\r\n]", text))
 
 
-def test_a_short_run_prints_no_warning(tmp_path):
+@pytest.mark.parametrize("model", [["model.gradient_checkpointing=true"], ["model.lora.r=4"]], ids=["full", "lora"])
+def test_a_short_run_prints_no_warning(tmp_path, model):
     """No Python warning (a FutureWarning of transformers' renamed property, a UserWarning) reaches
     the terminal of a plain run: each would be caused by posttrain's own calls."""
-    args = [*RL, "output_dir=run", "model.gradient_checkpointing=true"]
+    args = [*RL, "output_dir=run", *model]
     result = subprocess.run([*POSTTRAIN, *args], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     warned = [line for line in (result.stdout + result.stderr).splitlines() if re.search(r"\w*Warning\b", line)]
