@@ -87,7 +87,11 @@ def test_the_live_bar_keeps_the_step_counter_and_eta_in_80_columns(tmp_path):
 def test_a_short_run_prints_no_warning(tmp_path, model):
     """No Python warning (a FutureWarning of transformers' renamed property, a UserWarning) reaches
     the terminal of a plain run: each would be caused by posttrain's own calls."""
-    args = [*RL, "output_dir=run", *model]
+    # a reward the random model meets about half the time: the update then runs its forward passes
+    (tmp_path / "vowel.py").write_text(
+        "def has(prompts, completions, **kw):\n    return [float(any(c in 'aeiou' for c in x)) for x in completions]\n"
+    )
+    args = [*RL, "output_dir=run", "rewards=[vowel:has]", "allow_constant_reward=[]", *model]
     result = subprocess.run([*POSTTRAIN, *args], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     warned = [line for line in (result.stdout + result.stderr).splitlines() if re.search(r"\w*Warning\b", line)]
