@@ -373,7 +373,7 @@ def _write_report(
         out,
         title="posttrain demo: reverse names, SFT then GRPO",
         figures=["demo_comparison.png"],
-        summary={k: v for k, v in summary.items() if not isinstance(v, dict) and v is not None},
+        summary={SUMMARY_LABELS.get(k, k): v for k, v in summary.items() if not isinstance(v, dict) and v is not None},
         preformatted={
             "After SFT": "\n".join(manual_examples_table(after_sft)),
             "After GRPO": "\n".join(manual_examples_table(after_rl)),
@@ -385,6 +385,17 @@ def _write_report(
             write_report(out / stage, title=f"posttrain demo, {STAGE_TITLES[stage]}", links=_stage_links(out, stage))
 
 
+SUMMARY_LABELS = {
+    "rl_steps": "GRPO steps",
+    "parameters": "parameters",
+    "accuracy_after_sft": "held-out exact match after SFT",
+    "sampled_accuracy_after_sft": "sampled exact match after SFT (what RL starts from)",
+    "accuracy_after_rl": "held-out exact match after GRPO",
+    "rl_train_seconds": "GRPO training seconds",
+    "accuracy_sft_continued": "held-out exact match, SFT continued as long",
+    "total_seconds": "seconds in all",
+}
+"""The report's names for ``summary.json``'s keys."""
 STAGE_TITLES = {"sft": "stage 1: SFT", "rl": "stage 2: GRPO", "sft_continued": "baseline: SFT continued"}
 
 

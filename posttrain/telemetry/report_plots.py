@@ -44,7 +44,11 @@ def key_curves(series: Series) -> list[tuple[str, list[str]]]:
     """(panel title, keys) of the key curves this run has: constant series left out."""
     panels = []
     for title, wanted in KEY_CURVES:
-        keys = [key for key in sorted(series) if wanted(key) and not is_constant(series[key][1])]
+        keys: list[str] = []
+        for key in sorted(series, key=lambda key: (key.count("/"), key)):  # reward/mean before reward/f/mean
+            # a series equal to one already drawn (one reward's mean is the reward's) is drawn once
+            if wanted(key) and not is_constant(series[key][1]) and all(series[key] != series[k] for k in keys):
+                keys.append(key)
         if keys:
             panels.append((title, keys))
     return panels

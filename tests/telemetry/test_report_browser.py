@@ -115,4 +115,4 @@ def test_the_demo_reports_open_clean_and_link_to_each_other(tmp_path, browser):
         targets = opened.page.eval_on_selector_all("a", "links => links.map(a => a.href)")
         others = {p.resolve().as_uri() for n, p in pages.items() if n != name}
         assert set(targets) == others, (name, targets)
-    assert "accuracy_sft_continued" in (out / "report.html").read_text()
+    assert "held-out exact match, SFT continued as long" in (out / "report.html").read_text()
