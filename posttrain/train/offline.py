@@ -85,7 +85,9 @@ class Objective(Protocol):
         ...
 
 
-EvalFn = Callable[[], Mapping[str, float]]
+EvalFn = Callable[[], "Mapping[str, float] | tuple[Mapping[str, float], list[dict[str, Any]]]"]
+"""A held-out evaluation: its metrics, or (its metrics, its answers as eval_samples.jsonl records:
+prompt, completion, reward, correct), which the loop writes at the first and last evaluation."""
 StepHook = Callable[[int, dict[str, float]], "bool | None"]
 """Called after each step with its number and metrics, before they are logged: it may add
 metrics (an evaluation of its own) and returns True to stop training after this step (early
@@ -186,17 +188,26 @@ def _step(
     parts.scheduler.step()
     metrics["time/elapsed_s"] = time.perf_counter() - started
     if evaluate is not None and config.eval_every and step % config.eval_every == 0 and step < config.steps:
-        metrics.update({f"eval/{k}": v for k, v in evaluate().items()})
+        metrics.update(_evaluated(evaluate)[0])
     stop = bool(on_step(step, metrics)) if on_step is not None else False
     objective.model.train()  # an evaluation (scheduled or the hook's) left eval mode on
     return metrics, stop
 
 
 def _log_eval(evaluate: EvalFn, logger: MetricsLogger | Silent, step: int) -> dict[str, float]:
-    """Run ``evaluate``, log its metrics (``eval/`` prefixed, rank 0) at ``step`` and return them."""
-    metrics = {f"eval/{k}": v for k, v in evaluate().items()}
+    """Run ``evaluate``, log its metrics (``eval/`` prefixed, rank 0) and answers at ``step``, and
+    return the metrics."""
+    metrics, answers = _evaluated(evaluate)
     logger.log(step, metrics)
+    logger.log_eval_samples(step, answers)
     return metrics
+
+
+def _evaluated(evaluate: EvalFn) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """(the metrics, ``eval/`` prefixed; the answers, or none) of one evaluation."""
+    result = evaluate()
+    metrics, answers = result if isinstance(result, tuple) else (result, [])
+    return {f"eval/{k}": v for k, v in metrics.items()}, list(answers)
 
 
 def _save(

@@ -32,6 +32,7 @@ from posttrain.models.section import (  # re-exported, as above
     with_lora,
 )
 from posttrain.train.offline import LoopConfig, held_out_metrics, train_offline
+from posttrain.train.run_outputs import held_out_records
 
 __all__ = [
     "DPORun",
@@ -198,19 +199,20 @@ def run_sft(config: SFTRun) -> list[dict[str, float]]:
     held_examples = [held_objective.encode(row) for row in held_out if "completion" in row or "messages" in row]
     reward = resolve_reward(reward_name).fn if reward_name else None
 
-    def evaluate_fn() -> dict[str, float]:
+    def evaluate_fn() -> tuple[dict[str, float], list[dict[str, Any]]]:
         metrics = held_out_metrics(held_objective, held_examples, micro_batch(config)) if held_examples else {}
-        if reward is not None:
-            result = evaluate(
-                model,
-                tokenizer,
-                held_out,
-                reward,
-                max_new_tokens=config.eval_max_new_tokens,
-                batch_size=config.eval_batch_size,
-            )
-            metrics["accuracy"] = result.accuracy
-        return metrics
+        if reward is None:
+            return metrics, []
+        result = evaluate(
+            model,
+            tokenizer,
+            held_out,
+            reward,
+            max_new_tokens=config.eval_max_new_tokens,
+            batch_size=config.eval_batch_size,
+        )
+        metrics["accuracy"] = result.accuracy
+        return metrics, held_out_records(result)  # the greedy answers, marked, in eval_samples.jsonl
 
     return train_offline(
         objective,

@@ -31,6 +31,9 @@ class Silent:
     def log_samples(self, step: int, samples: Iterable[Mapping[str, Any]]) -> None:
         pass
 
+    def log_eval_samples(self, step: int, samples: list[Mapping[str, Any]]) -> None:
+        pass
+
     def update(self, step: int, metrics: Mapping[str, float]) -> None:
         pass
 

@@ -41,6 +41,9 @@ def test_rl_prints_a_header_and_its_held_out_evaluation_before_and_after(tmp_pat
     first, last = (r["eval/accuracy"] for r in read_jsonl(out / "metrics.jsonl") if "eval/accuracy" in r)
     assert f"[rl] held out, eval/accuracy: {first:.4g} → {last:.4g} (step 0 → 3)" in lines
     assert lines[-1] == f"[rl] done: model {out}/final, report {out}/report.html"
+    answers = read_jsonl(out / "eval_samples.jsonl")  # every evaluation's answers, marked
+    assert [a["step"] for a in answers] == [0] * 10 + [3] * 10
+    assert {"prompt", "completion", "reward", "correct"} <= set(answers[0])
 
 
 def test_sft_prints_its_header_and_its_held_out_loss_before_and_after(tmp_path, capsys):
@@ -50,6 +53,10 @@ def test_sft_prints_its_header_and_its_held_out_loss_before_and_after(tmp_path, 
     text = capsys.readouterr().out
     assert text.startswith("posttrain sft\n  model   a tiny llama") and "  step    8 rows; 3 steps" in text
     assert re.search(r"\[sft\] held out, eval/\w+: \S+ → \S+ \(step 0 → 3\)", text), text
+    # the held-out answers of the first and the last evaluation are kept, each marked
+    answers = read_jsonl(out / "eval_samples.jsonl")
+    assert [a["step"] for a in answers] == [0] * 10 + [3] * 10
+    assert all(a["correct"] == (a["reward"] >= 1.0) for a in answers)
 
 
 def in_a_terminal(command: list[str], cwd: Path, columns: int = 80) -> str:
