@@ -66,3 +66,13 @@ def test_report_has_curves_values_and_escaped_samples(tmp_path):
     assert "<td>reward/mean</td><td>1</td>" in page
     assert "Constant throughout: eval/accuracy = 0.5." in page
     json.dumps(page)  # plain text, nothing binary
+
+
+def test_held_out_answers_go_to_a_file_and_to_tensorboard_as_text(tmp_path):
+    answers = [{"prompt": "Reverse the name: sean. Answer:", "completion": " naes.", "reward": 1.0, "correct": True}]
+    with MetricsLogger(tmp_path, tensorboard=True) as logger:
+        logger.log_eval_samples(3, answers)
+    assert read_jsonl(tmp_path / "eval_samples.jsonl") == [{"step": 3, **answers[0]}]
+    [events] = (tmp_path / "tensorboard").glob("events.out.tfevents.*")
+    written = events.read_bytes()
+    assert b"eval_samples" in written and b"| Reverse the name: sean. Answer: |  naes. | 1.0 | True |" in written

@@ -55,3 +55,14 @@ def test_report_to_wandb_without_wandb_installed_is_refused_before_anything_load
     assert main([*SFT, "steps=1", f"output_dir={tmp_path / 'run'}"]) == 2
     assert "pip install 'posttrain[wandb]'" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_held_out_answers_reach_wandb_as_a_table(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = tmp_path / "run"
+    evaluated = [arg for arg in SFT if arg != "eval_size=0"]  # the task's reward scores greedy answers
+    assert main([*evaluated, "steps=1", f"output_dir={run}"]) == 0
+    [record_file] = wandb_runs(run)
+    record = written_record(record_file, [b"eval_samples", b"Reverse the name"])
+    assert b"eval_samples" in record and b"table-file" in record
