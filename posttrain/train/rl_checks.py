@@ -121,6 +121,13 @@ class StepWarnings:
                 "are 0. The task is too easy or too hard for the policy: raise samples_per_prompt, "
                 "enable algorithm.dynamic_sampling, or start from a better SFT model.",
             )
+        if metrics.get("tools/episodes_with_a_call") == 0.0:
+            self._warn(
+                "no_tool_call",
+                step,
+                "no episode called a tool: every answer came without one. Check env.options.format against the "
+                "model's chat template and that the prompt says the tools exist (the template's tools section).",
+            )
         if metrics.get("advantage/abs_max", 1.0) == 0.0 and not learned:
             self._warn(
                 "zero_advantage",

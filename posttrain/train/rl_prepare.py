@@ -89,12 +89,13 @@ def sequence_logprobs(
 
 def activation_checkpointing(model: nn.Module) -> bool:
     """Whether ``model`` recomputes activations in its backward pass. transformers 5 renamed the
-    property (``is_gradient_checkpointing`` warns, deprecated): the new name is read where the
-    class has it, so no run prints a warning caused by this check."""
-    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
-        if getattr(type(model), name, None) is not None:
-            return bool(getattr(model, name))
-    return False
+    property (``is_gradient_checkpointing`` warns, deprecated): the new name is read first, also
+    through a wrapper that forwards attributes (PEFT's), so no run prints a warning caused by this
+    check; the old name only where the new one does not exist (transformers 4)."""
+    value = getattr(model, "is_activation_checkpointing", None)
+    if value is None:
+        value = getattr(model, "is_gradient_checkpointing", False)
+    return bool(value)
 
 
 def _sequence_logprobs(

@@ -34,6 +34,9 @@ class Silent:
     def log_eval_samples(self, step: int, samples: list[Mapping[str, Any]]) -> None:
         pass
 
+    def log_warnings(self, step: int, messages: Iterable[str]) -> None:
+        pass
+
     def update(self, step: int, metrics: Mapping[str, float]) -> None:
         pass
 

@@ -63,8 +63,11 @@ def test_a_recorded_step_holds_the_batch_the_loop_trained_on(tmp_path):
     run.run()
     batch, metrics = read_batch(tmp_path / "run" / "rollouts", 2)
     samples = [s for s in read_jsonl(tmp_path / "run" / "samples.jsonl") if s["step"] == 2]
-    assert batch.completions == [s["completion"] for s in samples]
-    assert batch.scores.tolist() == pytest.approx([s["reward"] for s in samples])
+    # every sample of the step was logged (16 of 16), the best, worst and median first
+    recorded = sorted(zip(batch.completions, batch.scores.tolist(), strict=True))
+    logged = sorted((s["completion"], s["reward"]) for s in samples)
+    assert [c for c, _ in recorded] == [c for c, _ in logged]
+    assert [r for _, r in recorded] == pytest.approx([r for _, r in logged])
     assert batch.response_ids.dtype == torch.long and batch.truncated.dtype == torch.bool
     assert metrics["reward/mean"] == read_jsonl(tmp_path / "run" / "metrics.jsonl")[1]["reward/mean"]
 
