@@ -103,6 +103,9 @@ def resolve_environment(name: str, options: Mapping[str, Any] | None = None) -> 
         ) from None
     except ValueError:  # no signature to inspect (a builtin type): let the constructor say
         pass
+    check = getattr(cls, "check_options", None)  # what the class can check of its options without a model
+    if callable(check):
+        check(**options)
 
     def factory() -> Any:
         try:

@@ -102,6 +102,8 @@ class Episode:
     stop_reason: StopReason | None = None
     cut_turns: list[int] = field(default_factory=list)
     """Turns cut by ``max_new_tokens`` before their stop token (the environment still answers them)."""
+    tools: list[dict[str, Any]] | None = None
+    """The environment's ``chat_tools``: JSON schemas every rendering gives the chat template."""
     _rendered: list[int] = field(default_factory=list)  # the template's ids of the conversation so far
     _awaiting_result: bool = False  # a turn was added and the environment's answer not yet
 
@@ -115,6 +117,7 @@ class Episode:
         on_prefix_mismatch: Literal["error", "new_sample"] = "error",
         turn_offset: int = 0,
         stop_token_ids: Sequence[int] = (),
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> Episode:
         """An episode from the environment's first observation: text is tokenised as is,
         messages through the chat template with the assistant's turn opened.
@@ -123,11 +126,11 @@ class Episode:
         if on_prefix_mismatch not in ("error", "new_sample"):
             raise ValueError(f"on_prefix_mismatch must be 'error' or 'new_sample', got {on_prefix_mismatch!r}")
         episode = cls(tokenizer, limits, on_prefix_mismatch, chat=not isinstance(first_observation, str))
-        episode.turn_offset = turn_offset
+        episode.turn_offset, episode.tools = turn_offset, list(tools) if tools else None
         episode.stop_token_ids = frozenset(stop_token_ids or [tokenizer.eos_token_id])
         if episode.chat:
             episode.messages = [dict(m) for m in first_observation]
-            episode._rendered = chat_prompt_ids(tokenizer, episode.messages)
+            episode._rendered = chat_prompt_ids(tokenizer, episode.messages, tools=episode.tools)
             ids = list(episode._rendered)
         else:
             episode.messages = [{"role": "user", "content": first_observation}]
@@ -254,6 +257,7 @@ class Episode:
             on_prefix_mismatch=self.on_prefix_mismatch,
             turn_offset=self.turn,
             stop_token_ids=sorted(self.stop_token_ids),
+            tools=self.tools,
         )
 
     @property
@@ -281,8 +285,8 @@ class Episode:
         turn, text = self.turn, self.texts[-1]
         start, end = self.turn_spans[-1]
         sampled = self.ids[start:end]
-        with_reply = chat_prompt_ids(self.tokenizer, self.messages, add_generation_prompt=False)
-        with_observation = chat_prompt_ids(self.tokenizer, [*self.messages, *observation])
+        with_reply = chat_prompt_ids(self.tokenizer, self.messages, add_generation_prompt=False, tools=self.tools)
+        with_observation = chat_prompt_ids(self.tokenizer, [*self.messages, *observation], tools=self.tools)
         content = _encode(self.tokenizer, text)
         checks = (
             (
@@ -349,7 +353,9 @@ def replay_actions(
     from posttrain.envs.base import GuardedEnvironment
 
     guarded = GuardedEnvironment(env, timeout_s=None)
-    episode = Episode.start(tokenizer, guarded.reset(dict(row)), limits)
+    if hasattr(env, "use_tokenizer"):
+        env.use_tokenizer(tokenizer)
+    episode = Episode.start(tokenizer, guarded.reset(dict(row)), limits, tools=getattr(env, "chat_tools", None))
     for action in actions:
         if episode.finished:
             raise ValueError(f"the episode ended ({episode.stop_reason}) before action {action!r}")
@@ -386,3 +392,36 @@ def _as_messages(observation: Observation) -> list[dict[str, Any]]:
     if not all(isinstance(m, Mapping) for m in observation):
         raise ValueError(f"an observation must be text or chat messages, got {observation!r:.80}")
     return [dict(m) for m in observation]
+
+
+def conversation_example(
+    tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[dict[str, Any]] | None = None
+) -> tuple[list[int], list[int]]:
+    """(token ids, loss mask) of a whole conversation for SFT, every assistant turn trained (its
+    text and the stop token, mask 1) and every other token context (mask 0): TRL's
+    ``assistant_only_loss``, built by the episode assembly RL uses, so a cold start on recorded
+    episodes (tool calls and their results included) teaches the tokens RL then samples, in the
+    context RL shows — and a template that rewrites history is refused naming the turn.
+    ``tools``: the schemas the template lists, as the ``tools`` environment gives them."""
+    roles = [message.get("role") for message in messages]
+    if "assistant" not in roles:
+        raise ValueError("a conversation for SFT needs at least one assistant message")
+    first = roles.index("assistant")
+    if first == 0:
+        raise ValueError("a conversation for SFT starts with a user (or system) message, not the assistant's")
+    turns = roles.count("assistant")
+    limits = EpisodeLimits(max_new_tokens=1 << 30, max_turns=turns)
+    episode = Episode.start(tokenizer, [dict(m) for m in messages[:first]], limits, tools=tools)
+    index = first
+    while index < len(messages):
+        text = messages[index]["content"]
+        episode.add_turn([*_encode(tokenizer, text), *sorted(episode.stop_token_ids)[:1]])
+        following = index + 1
+        while following < len(messages) and roles[following] != "assistant":
+            following += 1
+        observation = [dict(m) for m in messages[index + 1 : following]]
+        if episode.finished:  # the last assistant turn: max_turns reached
+            break
+        episode.add_result(observation or None, None, done=not observation)
+        index = following
+    return list(episode.ids), list(episode.mask)

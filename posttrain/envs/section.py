@@ -34,6 +34,11 @@ class EnvSection(Section):
     max_error_fraction: float = Field(0.5, ge=0, le=1)
     """Share of a batch's episodes that may end in an environment error (left out of the loss,
     never scored 0) before the run stops naming the first error."""
+    max_malformed_fraction: float = Field(0.5, ge=0, le=1)
+    """For environments that parse tool calls (``tools``): the share of the policy's turns (mean
+    over a batch's episodes) whose call could not be read before the run stops showing three of
+    them — a format that does not match the model's chat template fails loudly, not by training
+    on error messages."""
     on_prefix_mismatch: Literal["error", "new_sample"] = "error"
     """When the chat template rewrites earlier turns (Qwen3's drops earlier ``<think>``
     blocks): ``error`` stops naming the turn and the differing tokens; ``new_sample`` goes on

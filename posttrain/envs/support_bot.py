@@ -142,10 +142,11 @@ def scripted_actions(n: int, seed: int = 0, max_turns: int = 4) -> list[tuple[di
 
 def scripted_conversations(n: int, seed: int = 0, max_turns: int = 4) -> list[dict[str, Any]]:
     """Cold-start SFT rows in the ``messages`` format (``SFTObjective.encode``) from
-    :func:`scripted_actions`. SFT on ``messages`` trains only a row's last assistant message, so
-    each conversation gives one row per bot turn (its prefixes). To train every turn of an
-    episode on exactly the tokens RL will see, replay the actions through an
-    :class:`~posttrain.envs.episode.Episode` instead (``envs/episode.py:replay_actions``)."""
+    :func:`scripted_actions`: one row per bot turn, each a prefix of its conversation ending in
+    that turn. SFT on ``messages`` trains every assistant turn of a row (``conversation_example``),
+    so a turn is trained once per prefix that holds it (early turns weigh more; the last prefix of
+    each conversation alone weighs each turn once); ``envs/episode.py:replay_actions`` builds the
+    same tokens from the actions directly."""
     rows = []
     for row, actions in scripted_actions(n, seed, max_turns):
         rows.extend(_prefix_rows(ISSUES_BY_NAME[row["issue"]], actions))

@@ -34,15 +34,23 @@ def ensure_chat_template(tokenizer: Any) -> Any:
 
 
 def chat_prompt_ids(
-    tokenizer: Any, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, str]],
+    *,
+    add_generation_prompt: bool = True,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[int]:
     """Token ids of a conversation, by default up to and including the opening of the
-    assistant's turn (what a sampler continues from). No BOS/EOS beyond what the template writes."""
+    assistant's turn (what a sampler continues from). No BOS/EOS beyond what the template writes.
+    ``tools``: JSON schemas of the functions the model may call, written where its template puts them."""
     from jinja2.exceptions import TemplateError
 
     ensure_chat_template(tokenizer)
     try:
-        ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt, tokenize=True)
+        extra = {"tools": list(tools)} if tools else {}
+        ids = tokenizer.apply_chat_template(
+            list(messages), add_generation_prompt=add_generation_prompt, tokenize=True, **extra
+        )
     except TemplateError as error:
         raise ChatTemplateError(f"the tokenizer's chat template refuses this conversation: {error}") from None
     if isinstance(ids, Mapping):  # transformers 5 returns a BatchEncoding

@@ -119,6 +119,7 @@ class EnvironmentSource:
         t2 = time.perf_counter()
         self._check_errors(plays, step)
         metrics = episode_metrics(plays)
+        self._check_malformed(plays, metrics.get("tools/malformed_fraction", 0.0), step)
         # the step warnings read this as "turns cut by max_new_tokens"; whole episodes cut by any
         # limit are env/truncated
         turns = sum(play.turns for play in plays)
@@ -197,9 +198,17 @@ class EnvironmentSource:
         return plays
 
     # ------------------------------------------------------------------ episodes
+    def _built(self) -> Any:
+        """A fresh environment; one that reads the policy's tokenizer (``use_tokenizer``: a
+        tool-call format taken from its chat template) gets it before ``reset``."""
+        env = self.factory()
+        if hasattr(env, "use_tokenizer"):
+            env.use_tokenizer(self.tokenizer)
+        return env
+
     def _start(self, rows: Sequence[dict[str, Any]]) -> list[Play]:
         """A fresh environment per row, reset with it (``env.max_concurrent`` at a time)."""
-        envs = [GuardedEnvironment(self.factory(), timeout_s=self.env.timeout_s, name=self.env.name) for _ in rows]
+        envs = [GuardedEnvironment(self._built(), timeout_s=self.env.timeout_s, name=self.env.name) for _ in rows]
         calls = [lambda env=env, row=row: env.areset(dict(row)) for env, row in zip(envs, rows, strict=True)]
         firsts = self._concurrently(calls, turn=0)
         stop_ids = [self.tokenizer.eos_token_id]
@@ -211,7 +220,7 @@ class EnvironmentSource:
             else:
                 episode = Episode.start(
                     self.tokenizer, first, self.limits, stop_token_ids=stop_ids,
-                    on_prefix_mismatch=self.env.on_prefix_mismatch,
+                    on_prefix_mismatch=self.env.on_prefix_mismatch, tools=getattr(env.env, "chat_tools", None),
                 )  # fmt: skip
                 play = Play(env, episode, first, logprobs=[0.0] * len(episode.ids))
                 if episode.finished:  # the first observation fills the context: no turn can be sampled
@@ -359,6 +368,24 @@ class EnvironmentSource:
             returns = returns + result.scores
         errors = torch.tensor([play.error is not None for play in plays])
         return torch.where(errors, math.nan, returns)
+
+    def _check_malformed(self, plays: list[Play], share: float, step: int) -> None:
+        """Tool calls the environment could not read (``tools/malformed_fraction``): above
+        ``env.max_malformed_fraction`` the run stops with three of them."""
+        if share <= self.env.max_malformed_fraction:
+            return
+        examples = [
+            example
+            for play in plays
+            if play.error is None and callable(getattr(play.env.env, "malformed_examples", None))
+            for example in play.env.env.malformed_examples()
+        ][:3]
+        raise EnvironmentErrors(
+            f"step {step}: {100 * share:.0f}% of the policy's turns held a tool call that could not be read, more "
+            f"than env.max_malformed_fraction = {self.env.max_malformed_fraction:g}. Check env.options.format "
+            "against the model's chat template, or start from a model that writes that format (SFT on recorded "
+            "episodes). Three of them:\n  - " + "\n  - ".join(examples)
+        )
 
     def _check_errors(self, plays: list[Play], step: int) -> None:
         errors = [play.error for play in plays if play.error is not None]

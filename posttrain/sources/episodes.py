@@ -126,7 +126,20 @@ def episode_metrics(plays: list[Play]) -> dict[str, float]:
     }
     if resolved:  # environments that say whether the episode reached its goal (support_bot does)
         metrics["env/resolved"] = sum(resolved) / len(resolved)
-    return metrics
+    return metrics | environment_metrics(plays)
+
+
+def environment_metrics(plays: list[Play]) -> dict[str, float]:
+    """The means over the episodes of what each environment says of its own episode
+    (``episode_metrics()``, e.g. the tools environment's ``tools/calls_per_episode``); episodes
+    that ended in an error are left out, as they are from the loss."""
+    reports = [play.env.env.episode_metrics() for play in plays if play.error is None and _reports(play)]
+    keys = list(dict.fromkeys(key for report in reports for key in report))
+    return {key: sum(r[key] for r in reports if key in r) / sum(key in r for r in reports) for key in keys}
+
+
+def _reports(play: Play) -> bool:
+    return callable(getattr(play.env.env, "episode_metrics", None))
 
 
 def evaluation_metrics(plays: list[Play]) -> dict[str, float]:

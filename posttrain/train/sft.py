@@ -98,18 +98,13 @@ class SFTObjective:
         self.model, self.tokenizer, self.packing = model, tokenizer, packing
 
     def encode(self, row: Mapping[str, Any]) -> Example:
-        """Prompt/completion rows, or conversations (``messages``): then the last assistant
-        turn is the completion and everything before it, through the chat template, the prompt."""
+        """Prompt/completion rows, or conversations (``messages``, optionally with ``tools``
+        schemas): then every assistant turn is trained — a tool call as a final answer — and
+        everything else is context (``envs/episode.py``'s ``conversation_example``)."""
         if "messages" in row:
-            from posttrain.models.chat import chat_prompt_ids, split_conversation
+            from posttrain.envs.episode import conversation_example
 
-            history, answer = split_conversation(row["messages"])
-            prompt_ids = chat_prompt_ids(self.tokenizer, history)
-            completion_ids = [
-                *self.tokenizer(answer, add_special_tokens=False)["input_ids"],
-                self.tokenizer.eos_token_id,
-            ]
-            return prompt_ids + completion_ids, [0] * len(prompt_ids) + [1] * len(completion_ids)
+            return conversation_example(self.tokenizer, row["messages"], tools=row.get("tools"))
         return encode_row(self.tokenizer, row["prompt"], row["completion"])
 
     def units(self, examples: Sequence[Any]) -> float:

@@ -1,0 +1,217 @@
+"""The ``tools`` environment: a model calls plain Python functions in its own chat format.
+
+``env: {name: tools, options: {tools: [mymod:add, mymod:mul], format: auto}}``. The functions'
+JSON schemas (from their type hints and docstrings, as ``transformers.utils.get_json_schema``
+writes them) go to the chat template's ``tools``, so the model sees them as it was trained to.
+Each policy turn is parsed in ``format`` (``tool_formats.py``; ``auto``: the one the tokenizer's
+template is written for):
+
+* no call: the turn is the final answer and the episode ends; ``rewards=`` functions score the
+  conversation with the row's columns;
+* calls: each runs with a timeout (``async def`` tools awaited, others in a thread), several in
+  one turn at once; their results come back in call order as the template's tool messages, cut
+  to ``max_result_chars`` (and marked so); more than ``max_calls_per_turn`` are answered with an
+  error, as are an unknown tool, arguments that do not fit its signature, and a tool that raises;
+* a malformed call (bad JSON, a call cut by ``max_new_tokens``) is answered by
+  ``malformed_reply`` as the tool result — never skipped in silence.
+
+A function may take a parameter named ``state``: a dict that lives for the episode (a tool that
+keeps state between calls); it is not part of the schema. Every turn's parse status is counted
+(``episode_metrics``: ``tools/calls_per_episode``, ``tools/malformed_fraction``,
+``tools/unknown_fraction``, ``tools/error_fraction``, ``tools/episodes_with_a_call``) and the
+first malformed turns are kept as examples for the message that stops a run whose malformed
+share passes ``env.max_malformed_fraction``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import typing
+from collections.abc import Callable
+from typing import Any
+
+from posttrain.envs.base import EnvSpecError, Observation, register_environment
+from posttrain.envs.tool_formats import ParsedTurn, ToolCall, resolve_format
+from posttrain.user_code import import_named
+
+JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
+
+
+def tool_schema(function: Callable[..., Any]) -> dict[str, Any]:
+    """The JSON schema a chat template's ``tools`` takes for ``function``: transformers' own
+    (type hints and a Google-style docstring); for a function without such a docstring, one from
+    its signature alone (``state`` is the episode's, never the model's)."""
+    from transformers.utils import get_json_schema
+
+    try:
+        schema = get_json_schema(function)
+        schema["function"]["parameters"]["properties"].pop("state", None)
+        required = schema["function"]["parameters"].get("required", [])
+        schema["function"]["parameters"]["required"] = [name for name in required if name != "state"]
+        return schema
+    except Exception:  # no docstring, or arguments it does not describe: the signature says enough
+        pass
+    properties, required = {}, []
+    try:
+        hints = typing.get_type_hints(function)  # annotations written as strings resolved
+    except Exception:  # a hint that names something not importable: the parameter stays untyped
+        hints = {}
+    for name, parameter in inspect.signature(function).parameters.items():
+        if name == "state" or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        properties[name] = {"type": JSON_TYPES.get(hints[name], "string")} if name in hints else {}
+        if parameter.default is parameter.empty:
+            required.append(name)
+    description = inspect.getdoc(function) or function.__name__
+    parameters = {"type": "object", "properties": properties, "required": required}
+    return {
+        "type": "function",
+        "function": {"name": function.__name__, "description": description, "parameters": parameters},
+    }
+
+
+def resolve_tools(paths: list[str]) -> dict[str, Callable[..., Any]]:
+    """``env.options.tools`` (``pkg.module:function`` paths, importable from the working
+    directory) → the functions by name; a wrong path or a name used twice is one message."""
+    if not paths:
+        raise EnvSpecError("env.options.tools is empty: list the functions, e.g. [mymod:add, mymod:mul]")
+    functions: dict[str, Callable[..., Any]] = {}
+    for path in paths:
+        function = import_named(
+            path,
+            what="env.options.tools entry",
+            malformed=f"env.options.tools: {path!r} is not 'pkg.module:function'",
+            error=EnvSpecError,
+        )
+        if not callable(function):
+            raise EnvSpecError(f"env.options.tools: {path} is not a function")
+        if function.__name__ in functions:
+            raise EnvSpecError(f"env.options.tools: two tools are named {function.__name__!r}")
+        functions[function.__name__] = function
+    return functions
+
+
+@register_environment("tools")
+class ToolsEnvironment:
+    """See the module docstring. Options: ``tools`` (paths), ``format`` (``auto`` | ``hermes`` |
+    ``llama3_json`` | ``mistral``), ``prompt_column``, ``timeout_s`` (per call),
+    ``max_calls_per_turn``, ``max_result_chars``, ``malformed_reply`` (``{error}`` is filled in)
+    and ``system`` (a system message before the row's prompt, or none)."""
+
+    def __init__(
+        self,
+        tools: list[str],
+        format: str = "auto",
+        prompt_column: str = "prompt",
+        timeout_s: float = 10.0,
+        max_calls_per_turn: int = 8,
+        max_result_chars: int = 2000,
+        malformed_reply: str = "error: the tool call could not be read ({error}); write it as the format asks",
+        system: str | None = None,
+    ) -> None:
+        self.functions = resolve_tools(list(tools))
+        self.chat_tools = [tool_schema(function) for function in self.functions.values()]
+        self.format_name, self.prompt_column, self.timeout_s = format, prompt_column, timeout_s
+        self.max_calls_per_turn, self.max_result_chars = max_calls_per_turn, max_result_chars
+        self.malformed_reply, self.system = malformed_reply, system
+        self.format: Any = None if format == "auto" else resolve_format(format)
+        self.state: dict[str, Any] = {}
+        self.counts = {"turns": 0, "malformed": 0, "calls": 0, "unknown": 0, "bad_arguments": 0, "errors": 0}
+        self.turns: list[ParsedTurn] = []
+
+    @staticmethod
+    def check_options(tools: list[str], format: str = "auto", **_: Any) -> None:
+        """At start-up, before any model loads: every tool imports, and a named format exists."""
+        resolve_tools(list(tools))
+        if format != "auto":
+            resolve_format(format)
+
+    # --------------------------------------------------------------------------- the contract
+    def use_tokenizer(self, tokenizer: Any) -> None:
+        """The policy's tokenizer, before ``reset``: ``format: auto`` reads its chat template."""
+        if self.format is None:
+            self.format = resolve_format("auto", getattr(tokenizer, "chat_template", None))
+
+    def reset(self, row: dict[str, Any]) -> Observation:
+        if self.prompt_column not in row:
+            raise KeyError(f"the tools environment reads column {self.prompt_column!r}; the row has {sorted(row)}")
+        prompt = row[self.prompt_column]
+        messages = [dict(m) for m in prompt] if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        return ([{"role": "system", "content": self.system}] if self.system else []) + messages
+
+    async def step(self, completion: str) -> tuple[Observation | None, float | None, bool]:
+        if self.format is None:  # no tokenizer was handed over (a test, a caller of its own)
+            self.format = resolve_format(self.format_name)
+        turn = self.format.parse(completion)
+        self.turns.append(turn)
+        self.counts["turns"] += 1
+        if turn.status == "no_call":
+            return None, None, True
+        if turn.status == "malformed":
+            self.counts["malformed"] += 1
+            return [self._message(self.malformed_reply.format(error=turn.error), None)], None, False
+        calls = turn.calls[: self.max_calls_per_turn]
+        results = await asyncio.gather(*(self._run(call) for call in calls))
+        over = turn.calls[self.max_calls_per_turn :]
+        results += [f"error: more than {self.max_calls_per_turn} calls in one turn; this one was not run"] * len(over)
+        return [self._message(result, call) for result, call in zip(results, turn.calls, strict=True)], None, False
+
+    def episode_metrics(self) -> dict[str, float]:
+        """This episode's tool use; the source averages each over the episodes of a batch."""
+        counts, calls = self.counts, max(self.counts["calls"], 1)
+        return {
+            "tools/calls_per_episode": float(counts["calls"]),
+            "tools/malformed_fraction": counts["malformed"] / max(counts["turns"], 1),
+            "tools/unknown_fraction": counts["unknown"] / calls,
+            "tools/bad_arguments_fraction": counts["bad_arguments"] / calls,
+            "tools/error_fraction": counts["errors"] / calls,
+            "tools/episodes_with_a_call": float(counts["calls"] > 0),
+        }
+
+    def malformed_examples(self) -> list[str]:
+        """The malformed turns of this episode: what the policy wrote, and why it could not be read."""
+        return [f"{turn.content[:200]!r}: {turn.error}" for turn in self.turns if turn.status == "malformed"]
+
+    # --------------------------------------------------------------------------- calls
+    async def _run(self, call: ToolCall) -> str:
+        self.counts["calls"] += 1
+        function = self.functions.get(call.name)
+        if function is None:
+            self.counts["unknown"] += 1
+            return f"error: no tool is named {call.name!r}; the tools are {', '.join(self.functions)}"
+        arguments = dict(call.arguments)
+        if "state" in inspect.signature(function).parameters:
+            arguments["state"] = self.state
+        try:
+            inspect.signature(function).bind(**arguments)
+        except TypeError as error:
+            self.counts["bad_arguments"] += 1
+            return f"error: bad arguments for {call.name}: {error}"
+        try:
+            if inspect.iscoroutinefunction(function):
+                result = await asyncio.wait_for(function(**arguments), self.timeout_s)
+            else:
+                result = await asyncio.wait_for(asyncio.to_thread(function, **arguments), self.timeout_s)
+        except asyncio.TimeoutError:
+            self.counts["errors"] += 1
+            return f"error: {call.name} did not answer within {self.timeout_s:g} s"
+        except Exception as error:  # the tool's own failure is the model's observation, and counted
+            self.counts["errors"] += 1
+            return f"error: {call.name} raised {type(error).__name__}: {error}"
+        return self._cut(result if isinstance(result, str) else json.dumps(result, default=str))
+
+    def _cut(self, text: str) -> str:
+        if len(text) <= self.max_result_chars:
+            return text
+        return text[: self.max_result_chars] + f"…[cut: {len(text) - self.max_result_chars} more characters]"
+
+    @staticmethod
+    def _message(content: str, call: ToolCall | None) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "tool", "content": content}
+        if call is not None:
+            message["name"] = call.name
+            if call.id:
+                message["tool_call_id"] = call.id
+        return message

@@ -1,0 +1,203 @@
+"""Tool calls as each model family writes them, parsed from a policy turn and written back.
+
+A model calls tools in the format its chat template taught it; a parser that disagrees with the
+template loses calls without a word (the first of two parallel calls parsed, a call cut by
+``max_new_tokens`` read as a final answer). So each format here parses a turn into a
+:class:`ParsedTurn` whose ``status`` says what happened — ``parsed``, ``malformed`` (with why) or
+``no_call`` — and renders calls back into the family's text (tests, recorded SFT data):
+
+* ``hermes`` — Hermes 2 Pro, Qwen2.5, Qwen3, SmolLM3: one block per call,
+  ``<tool_call>\\n{"name": "add", "arguments": {"a": 1}}\\n</tool_call>``;
+* ``llama3_json`` — Llama 3.1–3.3 JSON tool calling: the turn is the call,
+  ``{"name": "add", "parameters": {"a": 1}}`` (an ``<|python_tag|>`` before it is allowed;
+  parallel calls separated by ``;``);
+* ``mistral`` — ``[TOOL_CALLS][{"name": "add", "arguments": {"a": 1}, "id": "a1b2c3d4e"}]``
+  (tokenizer v3), or ``[TOOL_CALLS]add[ARGS]{"a": 1}`` per call (v11 and later).
+
+``detect_format(chat_template)`` picks one from the markers a template contains (``auto``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from posttrain.algos.registry import Registry
+from posttrain.errors import PosttrainError
+
+Status = Literal["parsed", "malformed", "no_call"]
+
+
+class ToolFormatError(PosttrainError, ValueError):
+    """A format cannot be chosen (``env.options.format``, or ``auto`` on a template without markers)."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call: the tool's name, its arguments (a JSON object) and the id the model gave it."""
+
+    name: str
+    arguments: dict[str, Any]
+    id: str | None = None
+
+
+@dataclass(frozen=True)
+class ParsedTurn:
+    """A policy turn read by a format: ``calls`` in the order written, ``content`` the text outside
+    them (the final answer when there is no call), ``status`` and, when malformed, ``error``."""
+
+    status: Status
+    calls: list[ToolCall] = field(default_factory=list)
+    content: str = ""
+    error: str | None = None
+
+
+TOOL_FORMATS = Registry("tool call format")
+"""Formats by name: classes with ``parse(text) -> ParsedTurn`` and ``render(calls) -> str``."""
+
+
+def _call(payload: Any, arguments_key: str) -> ToolCall:
+    """A call from its decoded JSON object; ValueError naming what is wrong."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("name"), str) or not payload["name"]:
+        raise ValueError(f"a call is a JSON object with a 'name' string, got {json.dumps(payload)[:120]}")
+    arguments = payload.get(arguments_key, payload.get("arguments", payload.get("parameters", {})))
+    if isinstance(arguments, str):  # some models write the arguments as a JSON string
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"the arguments of {payload['name']!r} are not JSON: {error}") from None
+    if not isinstance(arguments, dict):
+        raise ValueError(f"the arguments of {payload['name']!r} are not a JSON object: {json.dumps(arguments)[:120]}")
+    call_id = payload.get("id")
+    return ToolCall(payload["name"], arguments, call_id if isinstance(call_id, str) else None)
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"not valid JSON ({error.msg} at character {error.pos}): {text.strip()[:120]!r}") from None
+
+
+@TOOL_FORMATS.register("hermes")
+class Hermes:
+    """``<tool_call>{json}</tool_call>`` blocks, any number, anywhere in the turn."""
+
+    OPEN, CLOSE = "<tool_call>", "</tool_call>"
+    _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+    def parse(self, text: str) -> ParsedTurn:
+        if self.OPEN not in text:
+            return ParsedTurn("no_call", content=text)
+        calls, content = [], self._BLOCK.sub("", text)
+        try:
+            calls = [_call(_json(body), "arguments") for body in self._BLOCK.findall(text)]
+            if self.OPEN in content:  # an opening tag without its close: the turn was cut
+                raise ValueError(f"{self.OPEN} without {self.CLOSE} (cut by max_new_tokens?)")
+        except ValueError as error:
+            return ParsedTurn("malformed", content=text, error=str(error))
+        return ParsedTurn("parsed", calls, content.strip())
+
+    def render(self, calls: list[ToolCall], content: str = "") -> str:
+        blocks = [f"{self.OPEN}\n{json.dumps({'name': c.name, 'arguments': c.arguments})}\n{self.CLOSE}" for c in calls]
+        return "\n".join(([content] if content else []) + blocks)
+
+
+@TOOL_FORMATS.register("llama3_json")
+class Llama3Json:
+    """The whole turn is a call: a JSON object with ``name`` and ``parameters`` (``;`` between calls)."""
+
+    TAG = "<|python_tag|>"
+
+    def parse(self, text: str) -> ParsedTurn:
+        body = text.strip()
+        body = body[len(self.TAG) :].lstrip() if body.startswith(self.TAG) else body
+        if not body.startswith("{"):
+            return ParsedTurn("no_call", content=text)
+        decoder, calls, position = json.JSONDecoder(), [], 0
+        try:
+            while position < len(body):
+                try:
+                    payload, end = decoder.raw_decode(body, position)
+                except json.JSONDecodeError as error:
+                    raise ValueError(f"not valid JSON ({error.msg} at character {error.pos}): {body[:120]!r}") from None
+                calls.append(_call(payload, "parameters"))
+                position = end
+                while position < len(body) and body[position] in " \n\t;":
+                    position += 1
+        except ValueError as error:
+            return ParsedTurn("malformed", content=text, error=str(error))
+        return ParsedTurn("parsed", calls)
+
+    def render(self, calls: list[ToolCall], content: str = "") -> str:
+        return "; ".join(json.dumps({"name": c.name, "parameters": c.arguments}) for c in calls)
+
+
+@TOOL_FORMATS.register("mistral")
+class Mistral:
+    """``[TOOL_CALLS]`` then a JSON list of calls (v3), or ``name[ARGS]{json}`` per call (v11+)."""
+
+    MARK, ARGS = "[TOOL_CALLS]", "[ARGS]"
+
+    def parse(self, text: str) -> ParsedTurn:
+        if self.MARK not in text:
+            return ParsedTurn("no_call", content=text)
+        content, _, rest = text.partition(self.MARK)
+        try:
+            calls = self._calls(rest.strip())
+        except ValueError as error:
+            return ParsedTurn("malformed", content=text, error=str(error))
+        return ParsedTurn("parsed", calls, content.strip())
+
+    def _calls(self, rest: str) -> list[ToolCall]:
+        if rest.startswith("["):  # v3: one JSON list
+            payload, _ = _raw(rest)
+            if not isinstance(payload, list) or not payload:
+                raise ValueError(f"{self.MARK} is followed by a JSON list of calls, got {rest[:120]!r}")
+            return [_call(item, "arguments") for item in payload]
+        calls = []
+        for chunk in filter(None, (part.strip() for part in rest.split(self.MARK))):
+            name, marker, arguments = chunk.partition(self.ARGS)
+            if not marker:
+                raise ValueError(f"{self.MARK}{name[:40]} has no {self.ARGS} (cut by max_new_tokens?)")
+            payload, _ = _raw(arguments.strip())
+            calls.append(_call({"name": name.strip(), "arguments": payload}, "arguments"))
+        return calls
+
+    def render(self, calls: list[ToolCall], content: str = "") -> str:
+        items = [{"name": c.name, "arguments": c.arguments, **({"id": c.id} if c.id else {})} for c in calls]
+        return content + self.MARK + json.dumps(items)
+
+
+def _raw(text: str) -> tuple[Any, int]:
+    try:
+        return json.JSONDecoder().raw_decode(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"not valid JSON ({error.msg} at character {error.pos}): {text[:120]!r}") from None
+
+
+MARKERS = [("<tool_call>", "hermes"), ("[TOOL_CALLS]", "mistral"), ("<|python_tag|>", "llama3_json")]
+"""What a chat template contains when it was written for each format (first match wins)."""
+
+
+def detect_format(chat_template: str | None) -> str:
+    """The format a chat template writes tool calls in (its markers: :data:`MARKERS`)."""
+    for marker, name in MARKERS:
+        if chat_template and marker in chat_template:
+            return name
+    if chat_template and '"parameters"' in chat_template and "ipython" in chat_template:
+        return "llama3_json"
+    raise ToolFormatError(
+        "env.options.format = 'auto', but the tokenizer's chat template has none of the tool-call markers "
+        f"of {', '.join(sorted(TOOL_FORMATS))}: name the format the model was trained on"
+    )
+
+
+def resolve_format(name: str, chat_template: str | None = None) -> Any:
+    """The format ``name`` names (``auto``: the one the chat template is written for), built."""
+    name = detect_format(chat_template) if name == "auto" else name
+    if name not in TOOL_FORMATS:
+        raise ToolFormatError(f"env.options.format: {TOOL_FORMATS.unknown_message(name)}")
+    return TOOL_FORMATS[name]()
