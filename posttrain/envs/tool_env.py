@@ -98,7 +98,8 @@ class ToolsEnvironment:
     """See the module docstring. Options: ``tools`` (paths), ``format`` (``auto`` | ``hermes`` |
     ``llama3_json`` | ``mistral``), ``prompt_column``, ``timeout_s`` (per call),
     ``max_calls_per_turn``, ``max_result_chars``, ``malformed_reply`` (``{error}`` is filled in)
-    and ``system`` (a system message before the row's prompt, or none)."""
+    and ``system`` (a system message before the row's prompt, or none; ``{tools}`` in it is
+    replaced by the tools' schemas, one JSON line each, for templates that do not list them)."""
 
     def __init__(
         self,
@@ -139,7 +140,11 @@ class ToolsEnvironment:
             raise KeyError(f"the tools environment reads column {self.prompt_column!r}; the row has {sorted(row)}")
         prompt = row[self.prompt_column]
         messages = [dict(m) for m in prompt] if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-        return ([{"role": "system", "content": self.system}] if self.system else []) + messages
+        if not self.system:
+            return messages
+        # a template that lists no tools (SmolLM2's) learns of them from the system message
+        listed = "\n".join(json.dumps(schema) for schema in self.chat_tools)
+        return [{"role": "system", "content": self.system.replace("{tools}", listed)}, *messages]
 
     async def step(self, completion: str) -> tuple[Observation | None, float | None, bool]:
         if self.format is None:  # no tokenizer was handed over (a test, a caller of its own)

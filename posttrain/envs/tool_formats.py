@@ -8,6 +8,8 @@ template loses calls without a word (the first of two parallel calls parsed, a c
 
 * ``hermes`` — Hermes 2 Pro, Qwen2.5, Qwen3, SmolLM3: one block per call,
   ``<tool_call>\\n{"name": "add", "arguments": {"a": 1}}\\n</tool_call>``;
+* ``smollm2`` — SmolLM2: one block holding a JSON list of calls,
+  ``<tool_call>[{"name": "add", "arguments": {"a": 1}}]</tool_call>``;
 * ``llama3_json`` — Llama 3.1–3.3 JSON tool calling: the turn is the call,
   ``{"name": "add", "parameters": {"a": 1}}`` (an ``<|python_tag|>`` before it is allowed;
   parallel calls separated by ``;``);
@@ -20,7 +22,6 @@ template loses calls without a word (the first of two parallel calls parsed, a c
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -83,26 +84,70 @@ def _json(text: str) -> Any:
 
 @TOOL_FORMATS.register("hermes")
 class Hermes:
-    """``<tool_call>{json}</tool_call>`` blocks, any number, anywhere in the turn."""
+    """``<tool_call>{json}</tool_call>`` blocks, any number, anywhere in the turn.
+
+    Each block's JSON is decoded where it starts, so a closing tag inside a JSON string (an
+    argument quoting the format) does not end the block; a turn that ends in an unclosed block or
+    in the first letters of an opening tag was cut, and is malformed rather than a final answer."""
 
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
-    _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
     def parse(self, text: str) -> ParsedTurn:
-        if self.OPEN not in text:
+        if self.OPEN not in text and not self._cut_open(text):
             return ParsedTurn("no_call", content=text)
-        calls, content = [], self._BLOCK.sub("", text)
         try:
-            calls = [_call(_json(body), "arguments") for body in self._BLOCK.findall(text)]
-            if self.OPEN in content:  # an opening tag without its close: the turn was cut
-                raise ValueError(f"{self.OPEN} without {self.CLOSE} (cut by max_new_tokens?)")
+            payloads, content = self._blocks(text)
+            calls = [_call(item, "arguments") for payload in payloads for item in self._items(payload)]
         except ValueError as error:
             return ParsedTurn("malformed", content=text, error=str(error))
         return ParsedTurn("parsed", calls, content.strip())
 
+    def _items(self, payload: Any) -> list[Any]:
+        return [payload]  # one call per block
+
+    def _blocks(self, text: str) -> tuple[list[Any], str]:
+        """(the decoded JSON of every block, the text outside them); ValueError saying why not."""
+        payloads, outside, position = [], [], 0
+        while (start := text.find(self.OPEN, position)) >= 0:
+            outside.append(text[position:start])
+            body = start + len(self.OPEN)
+            while body < len(text) and text[body].isspace():
+                body += 1
+            if self.CLOSE not in text[body:]:
+                raise ValueError(f"{self.OPEN} without {self.CLOSE} (cut by max_new_tokens?)")
+            payload, end = _raw(text[body:])
+            close = text.find(self.CLOSE, body + end)
+            if close < 0 or text[body + end : close].strip():
+                raise ValueError(f"{self.OPEN}: text after its JSON where {self.CLOSE} belongs")
+            payloads.append(payload)
+            position = close + len(self.CLOSE)
+        outside.append(text[position:])
+        if self._cut_open(text[position:]):
+            raise ValueError(f"the turn ends in {text[position:].rstrip()[-len(self.OPEN) :]!r}: a cut {self.OPEN}")
+        return payloads, "".join(outside)
+
+    def _cut_open(self, text: str) -> bool:
+        tail = text.rstrip()
+        return any(tail.endswith(self.OPEN[:k]) for k in range(2, len(self.OPEN)))
+
     def render(self, calls: list[ToolCall], content: str = "") -> str:
         blocks = [f"{self.OPEN}\n{json.dumps({'name': c.name, 'arguments': c.arguments})}\n{self.CLOSE}" for c in calls]
         return "\n".join(([content] if content else []) + blocks)
+
+
+@TOOL_FORMATS.register("smollm2")
+class SmolLM2(Hermes):
+    """SmolLM2's function calling: one ``<tool_call>`` block holding a JSON *list* of calls,
+    ``<tool_call>[{"name": "add", "arguments": {"a": 1}}, ...]</tool_call>`` (a single object is
+    read too, as Hermes writes it). Its chat template does not list tools: name them in the
+    environment's ``system`` option (``{tools}`` is replaced by their schemas)."""
+
+    def _items(self, payload: Any) -> list[Any]:
+        return payload if isinstance(payload, list) else [payload]
+
+    def render(self, calls: list[ToolCall], content: str = "") -> str:
+        body = json.dumps([{"name": c.name, "arguments": c.arguments} for c in calls])
+        return "\n".join(([content] if content else []) + [f"{self.OPEN}{body}{self.CLOSE}"])
 
 
 @TOOL_FORMATS.register("llama3_json")
