@@ -64,18 +64,25 @@ class PythonTool(TaggedToolEnvironment):
         self.max_output_chars = max_output_chars
 
     def run_tool(self, code: str) -> str:
-        result = self.sandbox.run_io(code, "", "")
-        if result.verdict is Verdict.INFRA_ERROR:
-            raise ToolSandboxError(f"the sandbox ({self.sandbox.runner}) could not run the program: {result.detail}")
-        output = result.stdout.decode("utf-8", "replace").rstrip("\n")
-        if result.verdict is Verdict.TIMEOUT:
-            output += f"\n[stopped: {result.detail}]"
-        elif result.verdict is Verdict.MEMORY:
-            output += "\n[stopped: memory limit exceeded]"
-        elif result.verdict is Verdict.CRASH:
-            lines = result.stderr.decode("utf-8", "replace").strip().splitlines()
-            output += "\n" + (lines[-1] if lines else f"[{result.detail}]")
-        return _cut(output.strip("\n"), self.max_output_chars)
+        return run_in_sandbox(self.sandbox, code, self.max_output_chars)
+
+
+def run_in_sandbox(sandbox: Sandbox, code: str, max_output_chars: int) -> str:
+    """What a program prints in ``sandbox``, as a tool answers: stdout, then the exception's last
+    line if it raised, or why it was stopped; cut to ``max_output_chars``. A sandbox that cannot
+    run at all raises :class:`ToolSandboxError` (not the policy's fault: the episode's error)."""
+    result = sandbox.run_io(code, "", "")
+    if result.verdict is Verdict.INFRA_ERROR:
+        raise ToolSandboxError(f"the sandbox ({sandbox.runner}) could not run the program: {result.detail}")
+    output = result.stdout.decode("utf-8", "replace").rstrip("\n")
+    if result.verdict is Verdict.TIMEOUT:
+        output += f"\n[stopped: {result.detail}]"
+    elif result.verdict is Verdict.MEMORY:
+        output += "\n[stopped: memory limit exceeded]"
+    elif result.verdict is Verdict.CRASH:
+        lines = result.stderr.decode("utf-8", "replace").strip().splitlines()
+        output += "\n" + (lines[-1] if lines else f"[{result.detail}]")
+    return _cut(output.strip("\n"), max_output_chars)
 
 
 def _cut(text: str, limit: int) -> str:

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from posttrain.envs.base import EnvSpecError, Observation, register_environment
+from posttrain.envs.python_tool import ToolSandboxError
 from posttrain.envs.tool_formats import ParsedTurn, ToolCall, resolve_format
 from posttrain.user_code import import_named
 
@@ -202,6 +203,8 @@ class ToolsEnvironment:
         except asyncio.TimeoutError:
             self.counts["errors"] += 1
             return f"error: {call.name} did not answer within {self.timeout_s:g} s"
+        except ToolSandboxError:  # the sandbox cannot run at all: not the policy's fault, the episode's error
+            raise
         except Exception as error:  # the tool's own failure is the model's observation, and counted
             self.counts["errors"] += 1
             return f"error: {call.name} raised {type(error).__name__}: {error}"

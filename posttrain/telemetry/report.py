@@ -233,7 +233,18 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def conversation_text(value: Any) -> Any:
+    """A conversation (chat messages) as a reader follows it, a turn a line: ``[role] content``
+    (a tool turn names its tool); anything else unchanged."""
+    if isinstance(value, list) and value and all(isinstance(m, dict) and "role" in m for m in value):
+        return "\n".join(
+            f"[{m['role']}{' ' + m['name'] if m.get('name') else ''}] {m.get('content', '')}" for m in value
+        )
+    return value
+
+
 def _cell(value: Any) -> str:
+    value = conversation_text(value)
     if isinstance(value, float):
         return f"<td>{value:.4g}</td>"
     css = " class='text'" if isinstance(value, str) and len(value) > 12 else ""

@@ -33,6 +33,7 @@ KEY_CURVES: list[tuple[str, Callable[[str], bool]]] = [
     ("KL", lambda key: key.startswith("kl/")),
     ("response length", lambda key: key in ("response/length_mean", "response/length_max")),
     ("entropy", lambda key: "entropy" in key),
+    ("tool use", lambda key: key.startswith("tools/")),
     ("throughput", lambda key: key.startswith("throughput/")),
     ("time per step (s)", lambda key: key.startswith("time/") and key.count("/") == 1 and key != "time/elapsed_s"),
 ]

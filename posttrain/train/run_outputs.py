@@ -18,6 +18,7 @@ from torch import nn
 from posttrain.distributed import world
 from posttrain.rollout.batch import RolloutBatch
 from posttrain.telemetry import MetricsLogger, Progress, write_failure_report, write_report
+from posttrain.telemetry.report import conversation_text
 from posttrain.train.checkpoint import quiet_progress_bars, save_final
 from posttrain.train.run_dir import prepare_run_dir
 
@@ -135,7 +136,8 @@ def held_out_records(result: Any) -> list[dict[str, Any]]:
         return []
     if isinstance(result, list):  # episodes (sources/episodes.py: episode_record)
         return [
-            {"prompt": str(e["prompt"]), "completion": str(e["conversation"]), "reward": e["return"],
+            {"prompt": conversation_text(e["prompt"]), "completion": conversation_text(e["conversation"]),
+             "reward": e["return"],
              "correct": e["resolved"] if e["resolved"] is not None else (e["return"] or 0) >= 1.0}
             for e in result
         ]  # fmt: skip

@@ -143,3 +143,27 @@ def test_wrong_tool_paths_are_refused_when_the_environment_is_built():
         resolve_environment("tools", {"tools": [f"{HERE}:mul"]})()
     with pytest.raises(EnvSpecError, match="is empty"):
         resolve_environment("tools", {"tools": []})()
+
+
+def test_the_ready_made_tools_calculate_and_run_python_in_the_sandbox():
+    import shutil
+
+    library = "posttrain.envs.tool_library"
+    env = resolve_environment("tools", {"tools": [f"{library}:calculate", f"{library}:python"], "format": "hermes"})()
+    env.reset({"prompt": "go"})
+    calls = [
+        ToolCall("calculate", {"expression": "2 * (3 + 4)"}),
+        ToolCall("calculate", {"expression": "__import__('os')"}),
+    ]
+    observation, _, _ = step(env, turn(*calls))
+    assert observation[0]["content"] == "14" and observation[1]["content"].startswith(
+        "error: not allowed in a calculation"
+    )
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed: the python tool's jail")
+    observation, _, _ = step(
+        env,
+        turn(ToolCall("python", {"code": "print(6 * 7)\nimport socket\nsocket.create_connection(('1.1.1.1', 53), 2)"})),
+    )
+    output = observation[0]["content"]
+    assert output.startswith("42\n") and "Error" in output  # the print, then the refused connection's exception

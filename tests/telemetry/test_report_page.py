@@ -79,3 +79,18 @@ def test_posttrain_report_of_a_folder_that_is_no_run_is_one_message(tmp_path, ca
     err = capsys.readouterr().err
     assert "is not a run directory" in err and "Traceback" not in err
     assert not (tmp_path / "report.html").exists()
+
+
+def test_a_conversation_reads_a_turn_a_line_with_each_call_and_its_result(tmp_path):
+    with MetricsLogger(tmp_path, tensorboard=False) as logger:
+        logger.log(1, {"tools/calls_per_episode": 1.0, "reward/mean": 0.0})
+        logger.log(2, {"tools/calls_per_episode": 2.0, "reward/mean": 1.0})
+        conversation = [
+            {"role": "assistant", "content": '<tool_call>{"name": "add"}</tool_call>'},
+            {"role": "tool", "content": "5", "name": "add"},
+            {"role": "assistant", "content": "It is 5."},
+        ]
+        logger.log_samples(2, [{"prompt": "What is 2 + 3?", "completion": conversation, "reward": 1.0}])
+    page = write_report(tmp_path, title="tools").read_text()
+    assert "[assistant] &lt;tool_call&gt;{&quot;name&quot;: &quot;add&quot;}&lt;/tool_call&gt;\n[tool add] 5\n" in page
+    assert "Panels: reward, tool use." in page
