@@ -51,7 +51,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posttrain.errors import PosttrainError
 from posttrain.rewards.combine import (
     DEFAULT_MAX_FAILED_FRACTION,
     combine,
@@ -60,6 +59,7 @@ from posttrain.rewards.combine import (
     reward_applies,
     unscored,
 )
+from posttrain.rewards.outputs import RewardFunctionError, check_output, component_metrics
 from posttrain.rewards.pool import (
     Deferred,
     Task,
@@ -89,10 +89,6 @@ class RewardPoolWarning(UserWarning):
     """A reward function cannot run in a worker process and runs in a thread instead."""
 
 
-class RewardFunctionError(PosttrainError, RuntimeError):
-    """A reward function raised or returned something unusable; the message names it."""
-
-
 @dataclass
 class RewardResult:
     """Scores of B completions under K reward functions."""
@@ -103,6 +99,9 @@ class RewardResult:
     metrics: dict[str, float]
     failed: Tensor | None = None  # [B, K] bool: the call timed out or its worker crashed; None: none did
     applies: Tensor | None = None  # [B, K] bool: reward k applies to sample i's prompt (combine.py)
+    turn_values: list[dict[int, list[float]]] = field(default_factory=list)
+    """Per function, the episodes it scored turn by turn (``per_turn``): episode index → one value
+    per assistant turn; their sum is the episode's component."""
 
     @property
     def scores(self) -> Tensor:
@@ -171,12 +170,15 @@ class RewardSet:
         completion_ids: Sequence[Sequence[int]],
         columns: Mapping[str, Sequence[Any]] | None = None,
         group_ids: Tensor | None = None,
+        per_turn: bool = False,
     ) -> RewardResult:
         """Run every function on the batch; ``columns`` are aligned with ``completions``.
         ``group_ids [B]`` says which samples answer the same prompt (whether a reward applies
         to a prompt is decided over its samples, ``combine.py``); default: equal prompts.
         Raises :class:`RewardFunctionError` for a function that raises, returns ±inf or leaves
-        more than its ``max_failed_fraction`` of the samples unscored."""
+        more than its ``max_failed_fraction`` of the samples unscored. ``per_turn`` (episodes): a
+        function may return, for an episode, a list of one value per assistant turn instead of one
+        value; the list's sum is its component, the list is kept in ``turn_values``."""
         columns = dict(columns or {})
         for key, values in columns.items():
             if len(values) != len(completions):
@@ -189,13 +191,13 @@ class RewardSet:
             **columns,
         }
         size = len(completions)
-        outcomes = _run_coroutine(self._run_all(kwargs, size))
+        outcomes = _run_coroutine(self._run_all(kwargs, size, per_turn))
         metrics: dict[str, float] = {}
         values, failed = [], []
         for reward, outcome in zip(self.rewards, outcomes, strict=True):
             values.append(outcome.values)
             failed.append(outcome.failed or [False] * size)
-            metrics.update(_component_metrics(reward.name, outcome.values, outcome.seconds))
+            metrics.update(component_metrics(reward.name, outcome.values, outcome.seconds))
             metrics[f"reward/{reward.name}/timeouts"] = float(outcome.timeouts)
             metrics[f"reward/{reward.name}/crashes"] = float(outcome.crashes)
             metrics[f"reward/{reward.name}/nan"] = float(len(outcome.nans))
@@ -216,7 +218,8 @@ class RewardSet:
         weights = torch.tensor([r.weight for r in self.rewards], dtype=torch.float32)
         applies = reward_applies(components, prompt_groups(prompts) if group_ids is None else group_ids)
         self._check_failures(outcomes, unscored(components, applies, failed_mask), metrics)
-        return RewardResult(self.names, components, weights, metrics, failed_mask, applies)
+        turn_values = [outcome.turns for outcome in outcomes]
+        return RewardResult(self.names, components, weights, metrics, failed_mask, applies, turn_values)
 
     def _check_failures(self, outcomes: list[_Outcome], missing: Tensor, metrics: dict[str, float]) -> None:
         """Log each function's share of unscored samples; stop at the first above its limit."""
@@ -296,12 +299,12 @@ class RewardSet:
         seconds = self.timeout_s if reward.timeout_s is None else reward.timeout_s
         return None if seconds is None or math.isinf(seconds) else seconds
 
-    async def _run_all(self, kwargs: dict[str, Any], size: int) -> list[_Outcome]:
+    async def _run_all(self, kwargs: dict[str, Any], size: int, per_turn: bool) -> list[_Outcome]:
         alone = [r for r in self.rewards if self.modes[r.name] != "pool"]
         pooled = [r for r in self.rewards if self.modes[r.name] == "pool"]
-        jobs = [self._run_alone(r, kwargs, size) for r in alone]
+        jobs = [self._run_alone(r, kwargs, size, per_turn) for r in alone]
         if pooled:
-            run = functools.partial(self._run_pooled, pooled, kwargs, size)
+            run = functools.partial(self._run_pooled, pooled, kwargs, size, per_turn)
             jobs.append(asyncio.wrap_future(call_in_thread(run, "reward-pool")))
         done = await asyncio.gather(*jobs)
         outcomes = {r.name: outcome for r, outcome in zip(alone, done, strict=False)}
@@ -309,7 +312,7 @@ class RewardSet:
             outcomes.update(done[-1])
         return [outcomes[r.name] for r in self.rewards]
 
-    async def _run_alone(self, reward: NamedReward, kwargs: dict[str, Any], size: int) -> _Outcome:
+    async def _run_alone(self, reward: NamedReward, kwargs: dict[str, Any], size: int, per_turn: bool) -> _Outcome:
         mode, timeout = self.modes[reward.name], self._timeout(reward)
         start = time.perf_counter()
         try:
@@ -335,10 +338,12 @@ class RewardSet:
         if job.exception() is not None:
             raise _raised(reward.name, job.exception()) from job.exception()
         output = job.result()
-        column, nans = _check_output(reward.name, output, size)
-        return _Outcome(column, time.perf_counter() - start, _metrics_of(output), nans=nans)
+        column, nans, turns = check_output(reward.name, output, size, per_turn=per_turn)
+        return _Outcome(column, time.perf_counter() - start, _metrics_of(output), nans=nans, turns=turns)
 
-    def _run_pooled(self, rewards: list[NamedReward], kwargs: dict[str, Any], size: int) -> dict[str, _Outcome]:
+    def _run_pooled(
+        self, rewards: list[NamedReward], kwargs: dict[str, Any], size: int, per_turn: bool
+    ) -> dict[str, _Outcome]:
         """Every pooled function's chunks in one run of the pool, so chunks of different
         functions share the workers."""
         tasks, parts = [], []
@@ -352,7 +357,7 @@ class RewardSet:
         outcomes = {}
         for reward in rewards:
             mine = [(part, result) for (name, part), result in zip(parts, results, strict=True) if name == reward.name]
-            outcomes[reward.name] = _combine_chunks(reward.name, mine, start)
+            outcomes[reward.name] = _combine_chunks(reward.name, mine, start, per_turn)
         return outcomes
 
     def _chunks(self, reward: NamedReward, size: int) -> int:
@@ -386,14 +391,16 @@ class _Outcome:
     crashes: int = 0
     failed: list[bool] = field(default_factory=list)  # per sample: timed out or crashed ([]: none)
     nans: list[int] = field(default_factory=list)  # batch indices where the function returned NaN
+    turns: dict[int, list[float]] = field(default_factory=dict)  # batch index → per-turn values (episodes)
 
 
-def _combine_chunks(name: str, chunks: list[tuple[slice, TaskResult]], start: float) -> _Outcome:
+def _combine_chunks(name: str, chunks: list[tuple[slice, TaskResult]], start: float, per_turn: bool) -> _Outcome:
     """The chunks' values in batch order; a chunk's extra metrics are averaged over the chunks,
     weighted by their sizes. A chunk that raised raises here, naming the function."""
     values: list[float] = []
     failed: list[bool] = []
     nans: list[int] = []
+    turns: dict[int, list[float]] = {}
     timeouts = crashes = 0
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
@@ -401,9 +408,10 @@ def _combine_chunks(name: str, chunks: list[tuple[slice, TaskResult]], start: fl
         n = part.stop - part.start
         failed += [result.status in ("timeout", "crash")] * n
         if result.status == "ok":
-            column, chunk_nans = _check_output(name, result.value, n, offset=part.start)
+            column, chunk_nans, chunk_turns = check_output(name, result.value, n, offset=part.start, per_turn=per_turn)
             values += column
             nans += chunk_nans
+            turns |= chunk_turns
             for key, value in _metrics_of(result.value).items():
                 sums[key] = sums.get(key, 0.0) + float(value) * n
                 counts[key] = counts.get(key, 0) + n
@@ -416,7 +424,7 @@ def _combine_chunks(name: str, chunks: list[tuple[slice, TaskResult]], start: fl
         crashes += n if result.status == "crash" else 0
     seconds = max((r.finished for _, r in chunks), default=start) - start
     metrics = {key: total / counts[key] for key, total in sums.items()}
-    return _Outcome(values, seconds, metrics, timeouts, crashes, failed, nans)
+    return _Outcome(values, seconds, metrics, timeouts, crashes, failed, nans, turns)
 
 
 def _raised(name: str, error: BaseException) -> RewardFunctionError:
@@ -449,49 +457,3 @@ def _run_coroutine(coroutine: Any) -> Any:
         return asyncio.run(coroutine)
     with ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(asyncio.run, coroutine).result()
-
-
-def _check_output(name: str, output: Any, expected: int, offset: int = 0) -> tuple[list[float], list[int]]:
-    """A function's values as floats (NaN for None) and the batch indices where it returned
-    NaN; raises naming the function for anything else than floats/None, or for ±inf.
-    ``offset``: the batch index of the chunk's first sample."""
-    values = output.values if isinstance(output, RewardOutput) else output
-    if values is None or isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
-        raise RewardFunctionError(
-            f"reward function {name!r} must return a list of {expected} floats (or None), got {type(values).__name__}"
-        )
-    if len(values) != expected:
-        raise RewardFunctionError(f"reward function {name!r} returned {len(values)} values for {expected} completions")
-    column, nans = [], []
-    for i, value in enumerate(values, start=offset):
-        if value is None:
-            column.append(math.nan)
-            continue
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise RewardFunctionError(
-                f"reward function {name!r} returned {value!r} for completion {i}; expected a float or None"
-            ) from None
-        if math.isinf(number):
-            raise RewardFunctionError(
-                f"reward function {name!r} returned {number!r} for completion {i} of the batch; a reward must be a "
-                "finite float (or None for no score): an infinite one gives its whole group NaN advantages. "
-                "Clip the value in the function"
-            )
-        if math.isnan(number):
-            nans.append(i)
-        column.append(number)
-    return column, nans
-
-
-def _component_metrics(name: str, column: list[float], seconds: float) -> dict[str, float]:
-    present = [v for v in column if not math.isnan(v)]
-    mean = sum(present) / len(present) if present else math.nan
-    std = math.sqrt(sum((v - mean) ** 2 for v in present) / len(present)) if present else math.nan
-    return {
-        f"reward/{name}/mean": mean,
-        f"reward/{name}/std": std,
-        f"reward/{name}/none_fraction": 1 - len(present) / max(len(column), 1),
-        f"time/reward/{name}_s": seconds,
-    }

@@ -36,6 +36,7 @@ from posttrain.envs.event_loop import EpisodeLoop
 from posttrain.envs.section import EnvSection
 from posttrain.errors import PosttrainError
 from posttrain.rewards import RewardSet
+from posttrain.rewards.outputs import RewardFunctionError
 from posttrain.rollout.batch import RESERVED_COLUMNS, RolloutBatch
 from posttrain.sources.episodes import (
     Play,
@@ -362,12 +363,35 @@ class EnvironmentSource:
                 sampled_ids,
                 row_columns(rows, names, range(len(plays)), group),
                 group_ids=torch.arange(len(plays)) // group,
+                per_turn=True,
             )
             if batch is not None:
                 batch.reward_components = result.components[[i for i, play in enumerate(plays) for _ in play.samples]]
+                self._place_turn_values(plays, result, batch)
             returns = returns + result.scores
         errors = torch.tensor([play.error is not None for play in plays])
         return torch.where(errors, math.nan, returns)
+
+    def _place_turn_values(self, plays: list[Play], result: Any, batch: RolloutBatch) -> None:
+        """A reward function's per-turn values (one per assistant turn of an episode), each times
+        the function's weight on its turn's last sampled token in ``batch.turn_rewards``, as an
+        environment's turn rewards are; the episode's score already holds their weighted sum.
+        A list of another length than the episode's turns stops the run naming the function."""
+        rows = [(play_index, episode) for play_index, play in enumerate(plays) for episode, _ in play.samples]
+        for name, weight, by_episode in zip(result.names, result.weights.tolist(), result.turn_values, strict=True):
+            for play_index, values in by_episode.items():
+                turns = plays[play_index].turns
+                if len(values) != turns:
+                    raise RewardFunctionError(
+                        f"reward function {name!r} returned {len(values)} per-turn values for an episode of {turns} "
+                        "assistant turns: return one value per assistant turn, or one float for the whole episode"
+                    )
+                for row, (owner, episode) in enumerate(rows):
+                    if owner != play_index:
+                        continue
+                    for j, (_, end) in enumerate(episode.turn_spans):
+                        position = end - 1 - episode.prompt_length  # the turn's last sampled token
+                        batch.turn_rewards[row, position] += weight * values[episode.turn_offset + j]
 
     def _check_malformed(self, plays: list[Play], share: float, step: int) -> None:
         """Tool calls the environment could not read (``tools/malformed_fraction``): above
