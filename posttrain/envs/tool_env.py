@@ -118,7 +118,7 @@ class ToolsEnvironment:
         self.format_name, self.prompt_column, self.timeout_s = format, prompt_column, timeout_s
         self.max_calls_per_turn, self.max_result_chars = max_calls_per_turn, max_result_chars
         self.malformed_reply, self.system = malformed_reply, system
-        self.format: Any = None if format == "auto" else resolve_format(format)
+        self.format: Any = None if format == "auto" else resolve_format(format)  # auto: the tokenizer's
         self.state: dict[str, Any] = {}
         self.counts = {"turns": 0, "malformed": 0, "calls": 0, "unknown": 0, "bad_arguments": 0, "errors": 0}
         self.turns: list[ParsedTurn] = []
@@ -134,7 +134,8 @@ class ToolsEnvironment:
     def use_tokenizer(self, tokenizer: Any) -> None:
         """The policy's tokenizer, before ``reset``: ``format: auto`` reads its chat template."""
         if self.format is None:
-            self.format = resolve_format("auto", getattr(tokenizer, "chat_template", None))
+            templates = getattr(tokenizer, "chat_template", None), getattr(tokenizer, "response_template", None)
+            self.format = resolve_format(self.format_name, *templates)
 
     def reset(self, row: dict[str, Any]) -> Observation:
         if self.prompt_column not in row:

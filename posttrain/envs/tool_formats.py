@@ -17,12 +17,16 @@ template loses calls without a word (the first of two parallel calls parsed, a c
   (tokenizer v3), or ``[TOOL_CALLS]add[ARGS]{"a": 1}`` per call (v11 and later).
 
 ``detect_format(chat_template)`` picks one from the markers a template contains (``auto``).
+A tokenizer that ships a *response template* (transformers ≥ 5.13: ``tokenizer.response_template``,
+read by ``tokenizer.parse_response``) is parsed by it instead (:class:`ResponseTemplateFormat`),
+and so is a response template given as a JSON file (``format: my_template.json``).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from posttrain.algos.registry import Registry
@@ -240,9 +244,52 @@ def detect_format(chat_template: str | None) -> str:
     )
 
 
-def resolve_format(name: str, chat_template: str | None = None) -> Any:
-    """The format ``name`` names (``auto``: the one the chat template is written for), built."""
+class ResponseTemplateFormat:
+    """Calls read by transformers' response parser from a response template (the schema a
+    tokenizer ships as ``response_template``, or a JSON file): its ``tool_calls`` are the calls,
+    a region it cannot parse (a call cut mid-JSON) makes the turn malformed."""
+
+    def __init__(self, template: dict[str, Any]) -> None:
+        from transformers.utils.chat_parsing import parse_response
+        from transformers.utils.chat_parsing.response_templates import load_response_template
+
+        try:
+            self.template = load_response_template(template)
+        except (ValueError, TypeError, KeyError) as error:
+            raise ToolFormatError(f"env.options.format: not a valid response template: {error}") from None
+        self._parse = parse_response
+
+    def parse(self, text: str) -> ParsedTurn:
+        try:
+            message = self._parse(text, self.template, prefix="")
+            calls = [_call(call.get("function", call), "arguments") for call in message.get("tool_calls") or []]
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            return ParsedTurn("malformed", content=text, error=str(error).splitlines()[0])
+        content = message.get("content") or ""
+        return ParsedTurn("parsed", calls, content.strip()) if calls else ParsedTurn("no_call", content=content or text)
+
+    def render(self, calls: list[ToolCall], content: str = "") -> str:
+        raise ToolFormatError("a response template reads calls; name a format (hermes, ...) to write them")
+
+
+def resolve_format(name: str, chat_template: str | None = None, response_template: dict | None = None) -> Any:
+    """The format ``name`` names, built: a registered one, a response template file (``.json``),
+    or with ``auto`` the tokenizer's ``response_template`` when it has one, else the format its
+    chat template is written for."""
+    if name.endswith(".json"):
+        path = Path(name)
+        if not path.is_file():
+            raise ToolFormatError(f"env.options.format: response template file {name} does not exist")
+        try:
+            template = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as error:
+            raise ToolFormatError(f"env.options.format: {name} is not JSON: {error}") from None
+        return ResponseTemplateFormat(template)
+    if name == "auto" and response_template:
+        return ResponseTemplateFormat(response_template)
     name = detect_format(chat_template) if name == "auto" else name
     if name not in TOOL_FORMATS:
-        raise ToolFormatError(f"env.options.format: {TOOL_FORMATS.unknown_message(name)}")
+        raise ToolFormatError(
+            f"env.options.format: {TOOL_FORMATS.unknown_message(name)} (or a .json response template)"
+        )
     return TOOL_FORMATS[name]()

@@ -4,6 +4,9 @@ one call, parallel calls, nested JSON arguments — and what cannot be read says
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from posttrain.envs.tool_formats import TOOL_FORMATS, ToolCall, ToolFormatError, detect_format, resolve_format
@@ -82,3 +85,26 @@ def test_auto_reads_the_format_from_the_chat_template_and_refuses_a_template_wit
         resolve_format("auto", "{% for message in messages %}{{ message['content'] }}{% endfor %}")
     with pytest.raises(ToolFormatError, match="hermes"):
         resolve_format("json_maybe")
+
+
+RESPONSE_TEMPLATE = Path(__file__).parent / "templates" / "hermes_response.json"
+
+
+def test_a_response_template_is_read_by_transformers_parser_as_the_format_it_describes():
+    hermes, by_template = resolve_format("hermes"), resolve_format(str(RESPONSE_TEMPLATE))
+    for calls in (ONE, PARALLEL, NESTED):
+        assert by_template.parse(hermes.render(calls)).calls == calls
+    assert by_template.parse("The sum is 5.").status == "no_call"
+    cut = by_template.parse(hermes.render(ONE)[:30])
+    assert cut.status == "malformed" and "JSON" in cut.error
+    # auto prefers a response template the tokenizer ships over the markers of its chat template
+    shipped = resolve_format("auto", "...[TOOL_CALLS]...", json.loads(RESPONSE_TEMPLATE.read_text()))
+    assert shipped.parse(hermes.render(PARALLEL)).calls == PARALLEL
+
+
+def test_a_response_template_file_that_is_missing_or_wrong_is_one_message(tmp_path):
+    with pytest.raises(ToolFormatError, match="does not exist"):
+        resolve_format(str(tmp_path / "nope.json"))
+    (tmp_path / "bad.json").write_text('{"version": 1, "fields": {}}')
+    with pytest.raises(ToolFormatError, match="not a valid response template"):
+        resolve_format(str(tmp_path / "bad.json"))
