@@ -83,6 +83,7 @@ def run_tools(work: Path, model: Path, *extra: str) -> int:
         "data.path=rows.jsonl", "rewards=[mymod:answered]", "allow_constant_reward=[answered]", "steps=2",
         "prompts_per_step=2", "samples_per_prompt=2", "max_new_tokens=80", "env.max_turns=2", "report_to=[]",
         "temperature=0.05",  # the learnt call, written as learnt: a sampled typo would be a malformed call
+        "reward_workers=0",  # a string check: threads; a worker pool would leave its resource tracker running
         "output_dir=run",
     ]  # fmt: skip
     cwd = Path.cwd()
