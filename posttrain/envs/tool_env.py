@@ -97,9 +97,9 @@ def resolve_tools(paths: list[str]) -> dict[str, Callable[..., Any]]:
 @register_environment("tools")
 class ToolsEnvironment:
     """See the module docstring. Options: ``tools`` (paths), ``format`` (``auto`` | ``hermes`` |
-    ``llama3_json`` | ``mistral``), ``prompt_column``, ``timeout_s`` (per call),
-    ``max_calls_per_turn``, ``max_result_chars``, ``malformed_reply`` (``{error}`` is filled in)
-    and ``system`` (a system message before the row's prompt, or none; ``{tools}`` in it is
+    ``smollm2`` | ``llama3_json`` | ``mistral`` | a response template ``.json``), ``prompt_column``,
+    ``timeout_s`` (per call), ``max_calls_per_turn``, ``max_result_chars``, ``malformed_reply``
+    (``{error}`` is filled in) and ``system`` (a system message before the row's prompt, or none; ``{tools}`` in it is
     replaced by the tools' schemas, one JSON line each, for templates that do not list them)."""
 
     def __init__(
@@ -158,7 +158,8 @@ class ToolsEnvironment:
             return None, None, True
         if turn.status == "malformed":
             self.counts["malformed"] += 1
-            return [self._message(self.malformed_reply.format(error=turn.error), None)], None, False
+            reply = self.malformed_reply.replace("{error}", turn.error or "")  # other braces stay as written
+            return [self._message(reply, None)], None, False
         calls = turn.calls[: self.max_calls_per_turn]
         results = await asyncio.gather(*(self._run(call) for call in calls))
         over = turn.calls[self.max_calls_per_turn :]
