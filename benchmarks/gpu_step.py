@@ -1,0 +1,292 @@
+#!/usr/bin/env python
+"""The decoding step on the hardware, a check as much as a benchmark. One JSON line per case.
+
+* ``engine``: the native engine on a randomly initialised model of SmolLM2-135M's shape (30 ×
+  576, 9/3 heads, vocabulary 49152; bf16 on a GPU), 64 / 256 / 1024 sequences × 128 new tokens,
+  step by step against fixed-shape steps replayed as CUDA graphs, side by side: tokens/s, ms per
+  decoding step, and the share of the memory-bandwidth bound (the weights plus the KV cache an
+  ideal step reads, at the card's peak bandwidth); transformers ``generate`` once as a baseline.
+* ``check``: correctness on the device, in float32 — the graphed engine's log-probs against a
+  full forward pass; the same tokens and log-probs with and without graphs for one seed; the
+  same seed twice; after an in-place update (an optimizer step) and after a rebound parameter,
+  log-probs that match a full forward pass under the *new* weights; bf16 copies over float32
+  weights (the engine–trainer gap, reported). Each line says ``passed``.
+* ``grpo``: a realistic GRPO step (64 prompts × 8 samples × up to 128 tokens, precision bf16,
+  full fine-tuning) with graphs and without: step time, generation's share, the update's
+  throughput as a share of the card's peak bf16 FLOP/s (6·N per generated token: a lower bound).
+* ``demo``: ``posttrain demo``'s wall time and closing lines (``--demo``).
+
+On the CPU the same cases run on a small model (the step runs eagerly there) as a smoke test:
+
+    .venv/bin/python benchmarks/gpu_step.py --device cpu
+    python benchmarks/gpu_step.py --device cuda --tokenizer .bench/smollm2-tokenizer --demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from timing import take_turns
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from posttrain.rollout.engine import LocalEngine
+from posttrain.rollout.native import NativeDecoder
+from posttrain.rollout.static_decode import StaticDecoding
+from posttrain.rollout.types import Rollouts, SamplingParams
+
+SMOLLM2 = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+           "num_attention_heads": 9, "num_key_value_heads": 3}  # fmt: skip
+SMALL = {"vocab_size": 2048, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2}  # fmt: skip
+# peak memory bandwidth (bytes/s) and dense bf16 FLOP/s of the SXM cards, by name
+CARDS = {"H200": (4.8e12, 989e12), "H100": (3.35e12, 989e12), "A100": (2.0e12, 312e12)}
+RESULTS: list[dict] = []
+
+
+def emit(case: str, **fields: object) -> None:
+    line = {"case": case, **fields}
+    RESULTS.append(line)
+    print(json.dumps(line), flush=True)
+
+
+def shaped_model(shape: dict, dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.nn.Module:
+    config = LlamaConfig(**shape, rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                         max_position_embeddings=2048, pad_token_id=0, eos_token_id=1)  # fmt: skip
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, dtype=dtype).to(device).eval()
+
+
+def token_ids(model: torch.nn.Module) -> SimpleNamespace:
+    """A tokenizer stand-in: pad 0, and an EOS id no token has, so every row runs the full length."""
+    return SimpleNamespace(pad_token_id=0, eos_token_id=model.config.vocab_size)
+
+
+def prompts(count: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    """Ragged prompts of 16–48 random tokens."""
+    rng = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(16, 49, (count,), generator=rng).tolist()
+    return [torch.randint(2, vocab, (n,), generator=rng).tolist() for n in lengths]
+
+
+def engine(model: torch.nn.Module, graphs: bool | None, dtype: torch.dtype | None = None) -> LocalEngine:
+    """The native engine: step by step (``graphs`` None), or fixed-shape steps, graphed or eager."""
+    decoder = NativeDecoder(model, dtype=dtype)
+    static = None if graphs is None else StaticDecoding(decoder, graphs=graphs)
+    return LocalEngine(model, token_ids(model), decoder, static=static)
+
+
+def full_forward_gap(model: torch.nn.Module, out: Rollouts) -> tuple[float, float]:
+    """max and mean |engine log-prob − log_softmax(full forward)| over the response tokens."""
+    device = next(model.parameters()).device
+    ids = torch.cat([out.prompt_ids, out.response_ids], 1).to(device)
+    mask = torch.cat([out.prompt_mask, out.response_mask.long()], 1).to(device)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+    width = out.prompt_ids.shape[1]
+    full = torch.log_softmax(logits[:, width - 1 : -1].float(), -1).gather(-1, out.response_ids.to(device)[..., None])
+    gap = (full.squeeze(-1).cpu() - out.logprobs).abs()[out.response_mask.bool()]
+    return float(gap.max()), float(gap.mean())
+
+
+def card(device: torch.device) -> tuple[str, float | None, float | None]:
+    if device.type != "cuda":
+        return f"CPU, {torch.get_num_threads()} threads", None, None
+    name = torch.cuda.get_device_name(device)
+    bandwidth, flops = next((v for k, v in CARDS.items() if k in name), (None, None))
+    return name, bandwidth, flops
+
+
+def step_bytes(model: torch.nn.Module, rows: int, context: float) -> float:
+    """Bytes an ideal decoding step reads: every weight once, and each row's keys and values."""
+    c = model.config
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    kv_per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads)
+    return weights + rows * context * kv_per_token * next(model.parameters()).element_size()
+
+
+def case_engine(args: argparse.Namespace, device: torch.device, bandwidth: float | None) -> None:
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = shaped_model(args.shape, dtype, device)
+    fast = "graphs" if device.type == "cuda" else "fixed_shape"  # a CPU runs the fixed-shape step eagerly
+    sides = {"step_by_step": engine(model, None), fast: engine(model, device.type == "cuda")}
+    new = args.new_tokens
+    for rows in args.rows:
+        batch = prompts(rows // 8, model.config.vocab_size)
+        sampling = SamplingParams(n=8, max_new_tokens=new, seed=0)
+        calls = {k: (lambda e=e, b=batch, s=sampling: e.generate(b, s)) for k, e in sides.items()}
+        seconds = take_turns(calls, args.repeats)
+        context = statistics.mean(map(len, batch)) + new / 2
+        for name, s in seconds.items():
+            share = None if bandwidth is None else step_bytes(model, rows, context) / bandwidth / (s / new)
+            emit("engine", engine=name, rows=rows, new_tokens=new, seconds=round(s, 4),
+                 tokens_per_s=round(rows * new / s), ms_per_step=round(s / new * 1e3, 3),
+                 bandwidth_share=None if share is None else round(share, 3))  # fmt: skip
+        first, second = seconds.values()
+        emit("engine", rows=rows, speedup=round(first / second, 2))
+    batch = prompts(8, model.config.vocab_size)
+    ids = torch.nn.utils.rnn.pad_sequence([torch.tensor(p[::-1]) for p in batch], batch_first=True).flip(1)
+    mask = (ids != 0).long()
+
+    def generate():
+        with torch.no_grad():
+            model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=new,
+                           min_new_tokens=new, do_sample=True, num_return_sequences=8, pad_token_id=0)  # fmt: skip
+
+    seconds = take_turns({"generate": generate}, max(1, args.repeats // 2))["generate"]
+    emit("engine", engine="transformers_generate", rows=64, new_tokens=new, tokens_per_s=round(64 * new / seconds))
+
+
+def check(name: str, passed: bool, **fields: object) -> None:
+    emit("check", check=name, passed=bool(passed), **fields)
+
+
+def case_checks(args: argparse.Namespace, device: torch.device) -> None:
+    model = shaped_model(args.shape, torch.float32, device, seed=1)
+    graphs = device.type == "cuda"
+    graphed, eager = engine(model, graphs), engine(model, False)
+    batch = prompts(16, model.config.vocab_size, seed=1)
+    sampling = SamplingParams(n=4, max_new_tokens=32, seed=7)
+    out = graphed.generate(batch, sampling)
+    worst, mean = full_forward_gap(model, out)
+    check("logprobs_vs_full_forward", worst <= args.tolerance, max_abs=worst, mean_abs=mean)
+    same = eager.generate(batch, sampling)
+    gap = float((same.logprobs - out.logprobs).abs().max())
+    check("graph_equals_eager", torch.equal(same.response_ids, out.response_ids) and gap <= 1e-6, max_abs=gap)
+    check("same_seed_same_tokens", torch.equal(graphed.generate(batch, sampling).response_ids, out.response_ids))
+    # a sixteenth of the vocabulary ends a response: rows stop at different steps and the
+    # survivors are gathered into smaller buckets (other graphs) as the batch runs
+    stopping = SamplingParams(
+        n=4, max_new_tokens=48, seed=3, stop_token_ids=tuple(range(2, args.shape["vocab_size"] // 16))
+    )
+    out, same = graphed.generate(batch, stopping), eager.generate(batch, stopping)
+    gap = float((same.logprobs - out.logprobs).abs().max())
+    equal = torch.equal(same.response_ids, out.response_ids) and same.finish_reasons == out.finish_reasons
+    check("graph_equals_eager_with_stops", equal and gap <= 1e-6 and "stop" in out.finish_reasons, max_abs=gap,
+          lengths=sorted(out.response_lengths.tolist())[:: max(1, len(out) // 8)])  # fmt: skip
+    out = graphed.generate(batch, sampling)
+    with torch.no_grad():  # what an optimizer step does: write every weight in place
+        for p in model.parameters():
+            p.add_(torch.randn_like(p), alpha=0.02)
+    captures = graphed.static.captures
+    after = graphed.generate(batch, sampling)
+    worst, _ = full_forward_gap(model, after)
+    changed = not torch.equal(after.response_ids, out.response_ids)
+    check("in_place_update_seen", worst <= args.tolerance and changed and graphed.static.captures == captures,
+          max_abs=worst)  # fmt: skip
+    down = model.model.layers[0].mlp.down_proj
+    down.weight = torch.nn.Parameter(down.weight.detach() * 1.5)  # a rebound parameter: graphs must be recaptured
+    rebound = graphed.generate(batch, sampling)
+    worst, _ = full_forward_gap(model, rebound)
+    recaptured = graphed.static.captures > captures or not graphs
+    check("rebound_parameter_seen", worst <= args.tolerance and recaptured, max_abs=worst)
+    shadow = engine(model, graphs, dtype=torch.bfloat16)
+    worst, mean = full_forward_gap(model, shadow.generate(batch, sampling))
+    check("bf16_copies_gap", mean < 0.05, max_abs=worst, mean_abs=mean)
+
+
+def letter_share(prompts: list, completions: list, **columns: object) -> list[float]:
+    """A reward with spread even for a random model: the share of letters in the completion."""
+    return [sum(ch.isalpha() for ch in c) / max(1, len(c)) for c in completions]
+
+
+def case_grpo(args: argparse.Namespace, device: torch.device, flops: float | None) -> None:
+    from posttrain.train.rl import OnlineRL
+    from posttrain.train.rl_config import load_rl_config
+
+    folder = Path(tempfile.mkdtemp(prefix="gpu_step-"))
+    model = shaped_model(args.shape, torch.float32, torch.device("cpu"))
+    model.save_pretrained(folder / "model")
+    if args.tokenizer:
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(args.tokenizer).save_pretrained(folder / "model")
+    else:  # the character tokenizer of the tiny examples (its ids sit inside the vocabulary)
+        from posttrain.models.tokenizers import build_char_tokenizer
+
+        build_char_tokenizer().save_pretrained(folder / "model")
+    params = sum(p.numel() for p in model.parameters())
+    micro = min(64, 8 * args.prompts)  # samples per forward/backward pass
+    for graphs in (False, True):
+        overrides = [f"model.path={folder / 'model'}", "data.task=reverse", "data.n_train=2048", "data.n_eval=9",
+                     "eval_size=0", "algorithm=grpo", f"steps={args.grpo_steps}", f"prompts_per_step={args.prompts}",
+                     "samples_per_prompt=8", f"max_new_tokens={args.new_tokens}", f"micro_batch_size={micro}",
+                     "rewards=[gpu_step:letter_share]", "sampling.stop=[]", "reward_workers=0", "preflight=false",
+                     "log_every=1000", f"device={device}", f"precision={args.precision}", "report_to=[]",
+                     f"rollout.cuda_graphs={str(graphs).lower()}", f"output_dir={folder / str(graphs)}"]  # fmt: skip
+        history = OnlineRL(load_rl_config(None, overrides), echo=lambda line: None).run()
+        timed = history[1:] or history
+        step = statistics.median(h["time/step_s"] for h in timed)
+        generate = statistics.median(h["time/generate_s"] for h in timed)
+        update = statistics.median(h["time/train_s"] for h in timed)
+        # a lower bound: 6·N FLOPs per generated token (the prompts' tokens are left out)
+        tokens = statistics.median(h["throughput/generated_tokens_per_s"] * h["time/generate_s"] for h in timed)
+        share = None if flops is None else 6 * params * tokens / update / flops
+        emit("grpo", graphs=graphs, step_s=round(step, 3), generate_s=round(generate, 3),
+             generate_share=round(generate / step, 3), update_s=round(update, 3),
+             update_flops_share=None if share is None else round(share, 3),
+             times={k: round(v, 3) for k, v in timed[-1].items() if k.startswith("time/")})  # fmt: skip
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def case_demo(args: argparse.Namespace, device: torch.device) -> None:
+    folder = tempfile.mkdtemp(prefix="gpu_step-demo-")
+    start = time.perf_counter()
+    run = subprocess.run([sys.executable, "-m", "posttrain", "demo", "--output-dir", folder, "--device", str(device)],
+                         capture_output=True, text=True, timeout=args.demo_timeout)  # fmt: skip
+    lines = [line for line in run.stdout.splitlines() if line.strip()][-4:]
+    emit("demo", seconds=round(time.perf_counter() - start, 1), returncode=run.returncode, closing=lines,
+         stderr=run.stderr[-800:] if run.returncode else "")  # fmt: skip
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--cases", nargs="+", default=["check", "engine", "grpo"], choices=["check", "engine", "grpo"])
+    parser.add_argument("--demo", action="store_true", help="also time `posttrain demo`")
+    parser.add_argument("--tokenizer", default=None, help="a tokenizer folder for the GRPO step (SmolLM2's)")
+    parser.add_argument("--precision", default=None, help="the GRPO step's (default: bf16 on a GPU, fp32 on the CPU)")
+    parser.add_argument("--output", default=None, help="also write the JSON lines to this file")
+    parser.add_argument("--demo-timeout", type=float, default=240)
+    args = parser.parse_args()
+    gpu = args.device.startswith("cuda")
+    args.shape = SMOLLM2 if gpu else SMALL
+    args.rows, args.new_tokens = ((64, 256, 1024), 128) if gpu else ((8, 32), 16)
+    args.repeats, args.prompts, args.grpo_steps = (3, 64, 3) if gpu else (2, 4, 2)
+    args.tolerance = 5e-4 if gpu else 1e-5  # float32; a GPU's kernels differ between decode and a full pass
+    args.precision = args.precision or ("bf16" if gpu else "fp32")
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    device = torch.device(args.device)
+    name, bandwidth, flops = card(device)
+    emit("device", name=name, torch=torch.__version__)
+    cases = {"check": lambda: case_checks(args, device), "engine": lambda: case_engine(args, device, bandwidth),
+             "grpo": lambda: case_grpo(args, device, flops)}  # fmt: skip
+    if args.demo:
+        cases["demo"] = lambda: case_demo(args, device)
+    for case in [*args.cases, *(["demo"] if args.demo else [])]:
+        try:
+            cases[case]()
+        except Exception as error:  # one broken case must not hide the others' figures
+            emit(case, error=f"{type(error).__name__}: {error}")
+    if args.output:
+        Path(args.output).write_text("".join(json.dumps(r) + "\n" for r in RESULTS))
+    failed = [r for r in RESULTS if r.get("passed") is False or "error" in r]
+    print(f"{len(failed)} failed" if failed else "all checks passed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""Decoding over fixed shapes, each step replayed as one CUDA graph.
+
+On a GPU a small model's decoding step is bound by launching its ~20 kernels per layer from
+Python, not by the card (SmolLM2-135M: ~9 ms a step at any batch from 64 to 1024 on one H100,
+where reading its weights takes ~0.1 ms). Here every tensor a step touches has a fixed address
+and shape, so the whole step — the layers, sampling, the log-prob of the chosen token, the stop
+check, writing the outputs — is captured once per batch *bucket* and then replayed with one
+launch (``torch.cuda.CUDAGraph``; design notes: gpt-fast's static KV cache, nano-vllm's and
+SGLang's per-batch-size graphs). Without CUDA (or with ``graphs=False``) the same step runs
+eagerly, which is what the CPU tests compare against.
+
+- **Static buffers**, allocated for up to R rows and C cache positions and kept across calls:
+  the KV cache ``[layers, R, kv, C, D]`` (zeroed once, so unwritten positions are finite and
+  masked), the attention bias, the per-row rotations, the next input token, each row's output
+  row, a finished flag, and the output tokens, log-probs and stop hits ``[R + 1, C]`` (the last
+  row catches the writes of padding rows). The step number is a device tensor: a replay needs
+  nothing from the host.
+- **Buckets**: a batch runs in the smallest power of two that holds it, the rest padding rows
+  that start finished. Every few steps (``check_every`` on a GPU, every step on the CPU, where
+  a look costs nothing) the host looks at the finished flags: all done ends the batch; when the
+  live rows fit a smaller bucket they are gathered to the front (cache included) and the
+  smaller bucket's graph takes over, so a long tail does not run at full width.
+- **Weights**: the decoder rewrites its derived weights in place (native.py), so an optimizer
+  step or a sync is seen by the next replay. A graph is kept only while every tensor it reads
+  is where it was at capture (:meth:`NativeDecoder.weight_pointers`); when one moved (a
+  parameter rebound, adapters switched) every graph is dropped and captured again. A graph also
+  belongs to one set of sampling rules (temperature, filters, stop ids).
+- **Randomness**: a seeded call reseeds one generator kept for the decoder, registered with
+  every graph, whose replays advance it as eager calls would; same seed, prompts, weights →
+  same tokens, graphed or not.
+
+Not taken here (the engine's step-by-step loop runs them): decoded stop strings (text needs the
+host every step) and a generation that switches weights mid-way (``rollout.interrupt``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from posttrain.rollout.native import NativeDecoder
+from posttrain.rollout.sampling import choose_tokens
+from posttrain.rollout.types import SamplingParams
+
+CAPACITY_STEP = 128  # cache positions are allocated in multiples of this, so most batches fit the last size
+CHECK_EVERY = 8  # replays between two looks at the finished flags on a GPU (the overrun is at most this)
+
+
+def bucket_for(rows: int) -> int:
+    """The smallest power of two ≥ ``rows``."""
+    return 1 << max(0, rows - 1).bit_length()
+
+
+@dataclass
+class StepOutputs:
+    """What a batch sampled, on the device: ``[B, steps]`` tokens, log-probs and stop hits."""
+
+    tokens: Tensor
+    logprobs: Tensor
+    stops: Tensor
+
+
+class StaticDecoding:
+    """Samples batches for a :class:`NativeDecoder` with fixed-shape steps (see the module doc)."""
+
+    def __init__(self, decoder: NativeDecoder, graphs: bool | None = None, check_every: int = CHECK_EVERY) -> None:
+        self.decoder = decoder
+        self.device = decoder.embed.device
+        self.graphs = self.device.type == "cuda" if graphs is None else graphs
+        if self.graphs and self.device.type != "cuda":
+            raise ValueError("CUDA graphs need the model on a CUDA device")
+        self.check_every = check_every if self.device.type == "cuda" else 1
+        self.rows = self.capacity = 0
+        self._captured: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self._pointers: tuple[int, ...] = ()
+        self._pool = None
+        self._stop_ids: dict[tuple[int, ...], Tensor] = {}  # a graph reads them where they are
+        self.generator = torch.Generator(device=self.device)
+        self.captures = 0  # graphs captured so far (a test and the benchmark read it)
+
+    # ---- buffers -------------------------------------------------------------------------
+    def _reserve(self, rows: int, capacity: int) -> None:
+        """Buffers for ``rows`` rows and ``capacity`` positions; growing them drops every graph."""
+        if rows <= self.rows and capacity <= self.capacity:
+            return
+        self.release()
+        d = self.decoder
+        rows, capacity = max(rows, self.rows), -(-max(capacity, self.capacity) // CAPACITY_STEP) * CAPACITY_STEP
+        dtype, device = d.embed.dtype, self.device
+        shape = (len(d.layers), rows, d.kv_heads, capacity, d.head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.bias = torch.zeros(rows, 1, 1, capacity, dtype=dtype, device=device)
+        self.rotations = torch.zeros(rows, capacity, 1, d.head_dim // 2, dtype=torch.complex64, device=device)
+        self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
+        self.out_row = torch.zeros(rows, dtype=torch.long, device=device)
+        self.finished = torch.ones(rows, dtype=torch.bool, device=device)
+        self.out_tokens = torch.zeros(rows + 1, capacity, dtype=torch.long, device=device)
+        self.out_logprobs = torch.zeros(rows + 1, capacity, dtype=torch.float32, device=device)
+        self.out_stops = torch.zeros(rows + 1, capacity, dtype=torch.bool, device=device)
+        self.length = torch.zeros(1, dtype=torch.long, device=device)  # the prompts' cache width
+        self.step = torch.zeros(1, dtype=torch.long, device=device)  # the output column a step writes
+        self.rows, self.capacity = rows, capacity
+
+    def release(self) -> int:
+        """Drop every graph and buffer (the next batch allocates and captures again); returns bytes freed."""
+        self._captured, self._pool, self._pointers = {}, None, ()
+        names = ("keys", "values", "bias", "rotations", "out_tokens", "out_logprobs", "out_stops")
+        freed = sum(t.untyped_storage().nbytes() for t in (getattr(self, n, None) for n in names) if t is not None)
+        for name in names:
+            setattr(self, name, None)
+        self.rows = self.capacity = 0
+        return freed
+
+    def _constant(self, stop_ids: Tensor | None) -> Tensor | None:
+        """``stop_ids`` on the device, the same tensor for the same ids (graphs read its address)."""
+        if stop_ids is None:
+            return None
+        key = tuple(stop_ids.tolist())
+        if key not in self._stop_ids:
+            self._stop_ids[key] = stop_ids.to(self.device)
+        return self._stop_ids[key]
+
+    # ---- one batch -----------------------------------------------------------------------
+    @torch.inference_mode()
+    def sample(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        sampling: SamplingParams,
+        stop_ids: Tensor | None,
+        banned: int | None,
+    ) -> StepOutputs:
+        """Sample ``sampling.n`` responses per left-padded prompt; outputs ``[U·n, steps]``,
+        cut where every row had stopped (rows run on after their stop; the caller cuts them)."""
+        d, batch = self.decoder, prompt_ids.shape[0] * sampling.n
+        length, new = prompt_ids.shape[1], sampling.max_new_tokens
+        self._reserve(bucket_for(batch), length + new)
+        generator = None if sampling.seed is None else self.generator.manual_seed(sampling.seed)
+        rules = _Rules(sampling, self._constant(stop_ids), banned, generator)
+        logits = d.prefill(
+            prompt_ids.to(self.device), prompt_mask.to(self.device), new, sampling.n, (self.keys, self.values)
+        )
+        self.bias[:batch] = d.decode_bias
+        self.bias[:batch, ..., length:] = torch.finfo(self.bias.dtype).min  # unmasked step by step
+        self.rotations[:batch, :new] = d.step_rotations
+        self.length.fill_(length)
+        self.step.fill_(0)
+        d.release(keep_weights=True)  # the prefill's own buffers; the cache is ours
+        self.out_row.fill_(self.rows)  # padding rows write to the spare output row
+        self.out_row[:batch] = torch.arange(batch, device=self.device)
+        self.finished.fill_(True)
+        self.finished[:batch] = False
+        self._record(logits, batch, rules)  # the first token, from the prefill's logits
+        width, steps = bucket_for(batch), new
+        for step in range(1, new):
+            self._run(width, rules)
+            last = step == new - 1
+            if last or (step + 1) % self.check_every:
+                continue
+            live = int((~self.finished[:width]).sum())  # the one host synchronisation per check
+            if live == 0:
+                steps = step + 1
+                break
+            if bucket_for(live) < width:
+                width = self._compact(width, bucket_for(live))
+        return StepOutputs(
+            self.out_tokens[:batch, :steps], self.out_logprobs[:batch, :steps], self.out_stops[:batch, :steps]
+        )
+
+    def _record(self, logits: Tensor, width: int, rules: _Rules) -> None:
+        """Choose the next token of the first ``width`` rows from ``logits`` and write it out."""
+        tokens, logprobs = rules.choose(logits)
+        flat = self.out_row[:width] * self.capacity + self.step
+        self.out_tokens.view(-1).index_copy_(0, flat, tokens)
+        self.out_logprobs.view(-1).index_copy_(0, flat, logprobs)
+        if rules.stop_ids is not None:
+            hit = (tokens[:, None] == rules.stop_ids).any(-1)
+            self.out_stops.view(-1).index_copy_(0, flat, hit)
+            self.finished[:width] |= hit
+        self.tokens[:width] = tokens
+        self.step += 1
+
+    def _decode_step(self, width: int, rules: _Rules) -> None:
+        """One whole step on the first ``width`` rows: what a graph captures."""
+        slot = self.length + self.step - 1  # the input token's cache position
+        self.bias[:width].index_fill_(-1, slot, 0.0)
+        rotations = self.rotations[:width].index_select(1, self.step - 1).squeeze(1)  # [width, 1, D/2]
+        logits = self.decoder.decode_at(
+            self.tokens[:width], self.keys[:, :width], self.values[:, :width], self.bias[:width], rotations, slot
+        )
+        self._record(logits, width, rules)
+
+    def _run(self, width: int, rules: _Rules) -> None:
+        if not self.graphs:
+            self._decode_step(width, rules)
+            return
+        pointers = self.decoder.weight_pointers()
+        if pointers != self._pointers:  # a weight moved: no captured step may read the old address
+            self._captured, self._pool, self._pointers = {}, None, pointers
+        key = (width, *rules.key)
+        graph = self._captured.get(key)
+        if graph is not None:
+            graph.replay()
+            return
+        # this step runs eagerly (also warming up the kernels), then the next ones replay it
+        self._decode_step(width, rules)
+        graph = torch.cuda.CUDAGraph()
+        if rules.generator is not None:
+            graph.register_generator_state(rules.generator)
+        with torch.cuda.graph(graph, pool=self._pool):  # records the step without running it
+            self._decode_step(width, rules)
+        self._pool = graph.pool()
+        self._captured[key] = graph
+        self.captures += 1
+
+    def _compact(self, width: int, smaller: int) -> int:
+        """Gather the live rows of the first ``width`` to the front; returns the new width."""
+        live = torch.nonzero(~self.finished[:width]).flatten()
+        n = live.numel()
+        self.keys[:, :n] = self.keys[:, live]
+        self.values[:, :n] = self.values[:, live]
+        for buffer in (self.bias, self.rotations, self.tokens, self.out_row):
+            buffer[:n] = buffer[live]
+        self.out_row[n:smaller] = self.rows
+        self.finished[:n] = False
+        self.finished[n:smaller] = True
+        return smaller
+
+
+class _Rules:
+    """One batch's sampling rules, as :func:`choose_tokens` takes them; ``key`` tells graphs apart."""
+
+    def __init__(
+        self, sampling: SamplingParams, stop_ids: Tensor | None, banned: int | None, generator: torch.Generator | None
+    ) -> None:
+        self.sampling, self.stop_ids, self.banned, self.generator = sampling, stop_ids, banned, generator
+        s = sampling
+        stops = () if stop_ids is None else tuple(stop_ids.tolist())
+        self.key = (s.temperature, s.top_k, s.top_p, s.min_p, s.greedy, banned, stops, generator is not None)
+
+    def choose(self, logits: Tensor) -> tuple[Tensor, Tensor]:
+        s = self.sampling
+        return choose_tokens(
+            logits,
+            temperature=s.temperature,
+            top_k=s.top_k,
+            top_p=s.top_p,
+            min_p=s.min_p,
+            greedy=s.greedy,
+            banned_token=self.banned,
+            generator=self.generator,
+        )
