@@ -14,7 +14,8 @@
 * ``grpo``: a realistic GRPO step (64 prompts × 8 samples × up to 128 tokens, precision bf16,
   full fine-tuning) with graphs and without: step time, generation's share, the update's
   throughput as a share of the card's peak bf16 FLOP/s (6·N per generated token: a lower bound).
-* ``demo``: ``posttrain demo``'s wall time and closing lines (``--demo``).
+* ``demo``: ``posttrain demo``'s wall time and closing lines, its RL stage with graphs and
+  without (``--demo``).
 
 On the CPU the same cases run on a small model (the step runs eagerly there) as a smoke test:
 
@@ -145,6 +146,25 @@ def case_engine(args: argparse.Namespace, device: torch.device, bandwidth: float
     emit("engine", engine="transformers_generate", rows=64, new_tokens=new, tokens_per_s=round(64 * new / seconds))
 
 
+def case_profile(args: argparse.Namespace, device: torch.device) -> None:
+    """Where a fixed-shape step's device time goes at the largest batch (run eagerly: the same kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = shaped_model(args.shape, torch.bfloat16 if device.type == "cuda" else torch.float32, device)
+    fixed, rows = engine(model, graphs=False), args.rows[-1]
+    batch, sampling = prompts(rows // 8, model.config.vocab_size), SamplingParams(n=8, max_new_tokens=32, seed=0)
+    fixed.generate(batch, sampling)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as trace:
+        fixed.generate(batch, sampling)
+    events = trace.key_averages()
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    top = sorted(events, key=lambda e: getattr(e, key, 0), reverse=True)[:14]
+    total = sum(getattr(e, key, 0) for e in events)
+    emit("profile", rows=rows, steps=32, total_ms=round(total / 1e3, 1),
+         top=[[e.key[:60], round(getattr(e, key, 0) / 1e3, 2), e.count] for e in top])  # fmt: skip
+
+
 def check(name: str, passed: bool, **fields: object) -> None:
     emit("check", check=name, passed=bool(passed), **fields)
 
@@ -238,21 +258,31 @@ def case_grpo(args: argparse.Namespace, device: torch.device, flops: float | Non
             torch.cuda.empty_cache()
 
 
-def case_demo(args: argparse.Namespace, device: torch.device) -> None:
+def case_demo(args: argparse.Namespace, graphs: bool) -> None:
+    """``posttrain demo`` on the default device, its RL stage with or without CUDA graphs."""
     folder = tempfile.mkdtemp(prefix="gpu_step-demo-")
+    command = [
+        sys.executable,
+        "-m",
+        "posttrain",
+        "demo",
+        "--output-dir",
+        folder,
+        f"rollout.cuda_graphs={str(graphs).lower()}",
+    ]
     start = time.perf_counter()
-    run = subprocess.run([sys.executable, "-m", "posttrain", "demo", "--output-dir", folder, "--device", str(device)],
-                         capture_output=True, text=True, timeout=args.demo_timeout)  # fmt: skip
+    run = subprocess.run(command, capture_output=True, text=True, timeout=args.demo_timeout)
     lines = [line for line in run.stdout.splitlines() if line.strip()][-4:]
-    emit("demo", seconds=round(time.perf_counter() - start, 1), returncode=run.returncode, closing=lines,
-         stderr=run.stderr[-800:] if run.returncode else "")  # fmt: skip
+    emit("demo", graphs=graphs, seconds=round(time.perf_counter() - start, 1), returncode=run.returncode,
+         closing=lines, stderr=run.stderr[-800:] if run.returncode else "")  # fmt: skip
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--cases", nargs="+", default=["check", "engine", "grpo"], choices=["check", "engine", "grpo"])
-    parser.add_argument("--demo", action="store_true", help="also time `posttrain demo`")
+    choices = ["check", "engine", "profile", "grpo"]
+    parser.add_argument("--cases", nargs="+", default=["check", "engine", "grpo"], choices=choices)
+    parser.add_argument("--demo", action="store_true", help="also time `posttrain demo`, with graphs and without")
     parser.add_argument("--tokenizer", default=None, help="a tokenizer folder for the GRPO step (SmolLM2's)")
     parser.add_argument("--precision", default=None, help="the GRPO step's (default: bf16 on a GPU, fp32 on the CPU)")
     parser.add_argument("--output", default=None, help="also write the JSON lines to this file")
@@ -273,10 +303,11 @@ def main() -> int:
     name, bandwidth, flops = card(device)
     emit("device", name=name, torch=torch.__version__)
     cases = {"check": lambda: case_checks(args, device), "engine": lambda: case_engine(args, device, bandwidth),
-             "grpo": lambda: case_grpo(args, device, flops)}  # fmt: skip
+             "profile": lambda: case_profile(args, device), "grpo": lambda: case_grpo(args, device, flops)}  # fmt: skip
     if args.demo:
-        cases["demo"] = lambda: case_demo(args, device)
-    for case in [*args.cases, *(["demo"] if args.demo else [])]:
+        cases["demo"] = lambda: case_demo(args, graphs=True)
+        cases["demo_baseline"] = lambda: case_demo(args, graphs=False)
+    for case in [*args.cases, *(["demo", "demo_baseline"] if args.demo else [])]:
         try:
             cases[case]()
         except Exception as error:  # one broken case must not hide the others' figures

@@ -89,7 +89,7 @@ class LocalEngine:
 
     With ``static`` (a :class:`~posttrain.rollout.static_decode.StaticDecoding` over the native
     decoder: fixed-shape steps, replayed as CUDA graphs on a GPU) a batch is sampled by it,
-    except one with stop strings or a mailbox, which this loop decodes step by step.
+    unless the engine has a mailbox: this loop then decodes step by step.
     """
 
     def __init__(
@@ -126,7 +126,7 @@ class LocalEngine:
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> Rollouts:
         """Sample ``sampling.n`` responses per prompt (token ids, unpadded); B = len(prompts)·n rows."""
         prompt_ids, prompt_mask = left_pad(prompts, self.pad_id)
-        static = self.static is not None and not sampling.stop_strings and self.mailbox is None
+        static = self.static is not None and self.mailbox is None
         was_training = self.model.training
         if was_training:  # eval() walks every submodule: skip it when there is nothing to switch
             self.model.eval()
@@ -134,7 +134,11 @@ class LocalEngine:
             with torch.inference_mode():
                 if static:
                     stop_ids = stop_id_tensor(self.eos_id, sampling.stop_token_ids)
-                    out = self.static.sample(prompt_ids, prompt_mask, sampling, stop_ids, self._banned_token())
+                    batch = prompt_ids.shape[0] * sampling.n
+                    strings = (
+                        StopStrings(self.tokenizer, sampling.stop_strings, batch) if sampling.stop_strings else None
+                    )
+                    out = self.static.sample(prompt_ids, prompt_mask, sampling, stop_ids, self._banned_token(), strings)
                 else:
                     trace = self._sample(prompt_ids, prompt_mask, sampling)
         finally:

@@ -324,17 +324,16 @@ class NativeDecoder:
         return self._output_logits(F.rms_norm(hidden, (self.hidden,), self.final_norm, self.eps))
 
     def decode_at(
-        self, tokens: Tensor, keys: Tensor, values: Tensor, bias: Tensor, rotations: Tensor, slot: Tensor
+        self, tokens: Tensor, keys: Tensor, values: Tensor, bias: Tensor, rotations: Tensor, slot: Tensor, span: int
     ) -> Tensor:
         """One decoding step over fixed shapes, for a step captured as a CUDA graph: the token of
         each row ``tokens [B]`` goes to cache position ``slot`` (a one-element long tensor, so no
         Python number changes from step to step) of ``keys``/``values [layers, B, kv, C, D]``;
-        attention covers all C positions, ``bias [B, 1, 1, C]`` masking those not written yet;
-        ``rotations [B, 1, D/2]``. Returns new logits ``[B, V]``."""
-        batch, capacity = tokens.shape[0], keys.shape[-2]
-        kv, group = self.kv_heads, self.heads // self.kv_heads
-        bias = bias.expand(batch, kv, group, capacity).reshape(batch * kv, group, capacity)
-        hidden = self._decode_layers(tokens, rotations, bias, keys.unbind(0), values.unbind(0), slot, capacity)
+        attention covers positions below ``span`` (> slot), ``bias [B, 1, 1, C]`` masking those
+        not written yet; ``rotations [B, 1, D/2]``. Returns new logits ``[B, V]``."""
+        batch, kv, group = tokens.shape[0], self.kv_heads, self.heads // self.kv_heads
+        bias = bias[..., :span].expand(batch, kv, group, span).reshape(batch * kv, group, span)
+        hidden = self._decode_layers(tokens, rotations, bias, keys.unbind(0), values.unbind(0), slot, span)
         return F.linear(F.rms_norm(hidden, (self.hidden,), self.final_norm, self.eps), self.lm_head)
 
     def _decode_layers(

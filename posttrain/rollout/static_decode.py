@@ -29,8 +29,14 @@ eagerly, which is what the CPU tests compare against.
   every graph, whose replays advance it as eager calls would; same seed, prompts, weights →
   same tokens, graphed or not.
 
-Not taken here (the engine's step-by-step loop runs them): decoded stop strings (text needs the
-host every step) and a generation that switches weights mid-way (``rollout.interrupt``).
+- **Attention span**: a step attends to the cache positions written so far rounded up to a
+  multiple of ``SPAN_STEP`` (the host knows the step, so each span is a graph of its own), not
+  the whole capacity.
+- **Stop strings** are decoded on the host at each look, for the steps since the last one; a
+  row whose text ended is marked stopped at the step that completed the string.
+
+Not taken here (the engine's step-by-step loop runs it): a generation that switches weights
+mid-way (``rollout.interrupt``).
 """
 
 from __future__ import annotations
@@ -42,9 +48,11 @@ from torch import Tensor
 
 from posttrain.rollout.native import NativeDecoder
 from posttrain.rollout.sampling import choose_tokens
+from posttrain.rollout.stops import StopStrings
 from posttrain.rollout.types import SamplingParams
 
 CAPACITY_STEP = 128  # cache positions are allocated in multiples of this, so most batches fit the last size
+SPAN_STEP = 64  # a step's attention reads the cache up to the next multiple of this (a graph per span)
 CHECK_EVERY = 8  # replays between two looks at the finished flags on a GPU (the overrun is at most this)
 
 
@@ -132,6 +140,7 @@ class StaticDecoding:
         sampling: SamplingParams,
         stop_ids: Tensor | None,
         banned: int | None,
+        strings: StopStrings | None = None,
     ) -> StepOutputs:
         """Sample ``sampling.n`` responses per left-padded prompt; outputs ``[U·n, steps]``,
         cut where every row had stopped (rows run on after their stop; the caller cuts them)."""
@@ -154,18 +163,25 @@ class StaticDecoding:
         self.finished.fill_(True)
         self.finished[:batch] = False
         self._record(logits, batch, rules)  # the first token, from the prefill's logits
-        width, steps = bucket_for(batch), new
+        width, steps, looked = bucket_for(batch), new, 0
+        done = torch.zeros(batch, dtype=torch.bool)  # rows a stop string has ended (host side)
         for step in range(1, new):
-            self._run(width, rules)
-            last = step == new - 1
-            if last or (step + 1) % self.check_every:
+            span = min(self.capacity, -(-(length + step) // SPAN_STEP) * SPAN_STEP)  # positions 0 … slot
+            self._run(width, span, rules)
+            if step < new - 1 and (step + 1) % self.check_every:
                 continue
-            live = int((~self.finished[:width]).sum())  # the one host synchronisation per check
+            if strings is not None:
+                looked = self._look_for_strings(strings, done, looked, step + 1, width)
+            if step == new - 1:
+                break
+            live = int((~self.finished[:width]).sum())  # the one host synchronisation per look
             if live == 0:
                 steps = step + 1
                 break
             if bucket_for(live) < width:
                 width = self._compact(width, bucket_for(live))
+        if strings is not None and looked < steps:  # a batch of one step
+            self._look_for_strings(strings, done, looked, steps, width)
         return StepOutputs(
             self.out_tokens[:batch, :steps], self.out_logprobs[:batch, :steps], self.out_stops[:batch, :steps]
         )
@@ -183,35 +199,49 @@ class StaticDecoding:
         self.tokens[:width] = tokens
         self.step += 1
 
-    def _decode_step(self, width: int, rules: _Rules) -> None:
-        """One whole step on the first ``width`` rows: what a graph captures."""
+    def _look_for_strings(self, strings: StopStrings, done: Tensor, start: int, end: int, width: int) -> int:
+        """Mark where a stop string ended a row among output columns [start, end); returns end."""
+        batch = done.shape[0]
+        tokens, stops = self.out_tokens[:batch, start:end].cpu(), self.out_stops[:batch, start:end].cpu()
+        first = strings.first_hits(tokens, ~done)
+        ended = torch.nonzero(first >= 0).flatten()
+        if len(ended):
+            self.out_stops[ended.to(self.device), (first[ended] + start).to(self.device)] = True
+        done |= (first >= 0) | stops.any(-1)  # a row a stop id ended needs no more decoding either
+        flags = torch.zeros(self.rows + 1, dtype=torch.bool)
+        flags[:batch] = done
+        self.finished[:width] |= flags.to(self.device)[self.out_row[:width]]
+        return end
+
+    def _decode_step(self, width: int, span: int, rules: _Rules) -> None:
+        """One whole step on the first ``width`` rows, attending to positions below ``span``:
+        what a graph captures."""
         slot = self.length + self.step - 1  # the input token's cache position
         self.bias[:width].index_fill_(-1, slot, 0.0)
         rotations = self.rotations[:width].index_select(1, self.step - 1).squeeze(1)  # [width, 1, D/2]
-        logits = self.decoder.decode_at(
-            self.tokens[:width], self.keys[:, :width], self.values[:, :width], self.bias[:width], rotations, slot
-        )
+        keys, values, bias = self.keys[:, :width], self.values[:, :width], self.bias[:width]
+        logits = self.decoder.decode_at(self.tokens[:width], keys, values, bias, rotations, slot, span)
         self._record(logits, width, rules)
 
-    def _run(self, width: int, rules: _Rules) -> None:
+    def _run(self, width: int, span: int, rules: _Rules) -> None:
         if not self.graphs:
-            self._decode_step(width, rules)
+            self._decode_step(width, span, rules)
             return
         pointers = self.decoder.weight_pointers()
         if pointers != self._pointers:  # a weight moved: no captured step may read the old address
             self._captured, self._pool, self._pointers = {}, None, pointers
-        key = (width, *rules.key)
+        key = (width, span, *rules.key)
         graph = self._captured.get(key)
         if graph is not None:
             graph.replay()
             return
         # this step runs eagerly (also warming up the kernels), then the next ones replay it
-        self._decode_step(width, rules)
+        self._decode_step(width, span, rules)
         graph = torch.cuda.CUDAGraph()
         if rules.generator is not None:
             graph.register_generator_state(rules.generator)
         with torch.cuda.graph(graph, pool=self._pool):  # records the step without running it
-            self._decode_step(width, rules)
+            self._decode_step(width, span, rules)
         self._pool = graph.pool()
         self._captured[key] = graph
         self.captures += 1

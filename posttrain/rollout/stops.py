@@ -47,3 +47,28 @@ class StopStrings:
         for i, text in zip(live, texts, strict=True):
             hit[i] = any(s in text for s in self.stop_strings)
         return hit.to(alive.device)
+
+    def first_hits(self, tokens: Tensor, alive: Tensor) -> Tensor:
+        """Append ``tokens [b, n]`` (n steps at once) to the responses (rows) that are
+        ``alive [b]``; return ``[b]`` long: the first of the n steps whose token completed a
+        stop string, −1 where none did. For a decoder that looks every few steps: the last
+        ``window + n − 1`` tokens are decoded once per row, and only a row whose text holds a
+        stop string is decoded again step by step to find where it ended."""
+        steps = tokens.shape[1]
+        first = torch.full((tokens.shape[0],), -1, dtype=torch.long)
+        live, columns = torch.nonzero(alive).flatten().tolist(), tokens.tolist()
+        for i in live:
+            self.histories[i].extend(columns[i])
+        texts = self.tokenizer.batch_decode(
+            [self.histories[i][-(self.window + steps - 1) :] for i in live], skip_special_tokens=True
+        )
+        for i, text in zip(live, texts, strict=True):
+            if not any(s in text for s in self.stop_strings):
+                continue
+            history = self.histories[i]
+            ends = range(len(history) - steps + 1, len(history) + 1)
+            prefixes = self.tokenizer.batch_decode(
+                [history[:end][-self.window :] for end in ends], skip_special_tokens=True
+            )
+            first[i] = next((k for k, t in enumerate(prefixes) if any(s in t for s in self.stop_strings)), -1)
+        return first

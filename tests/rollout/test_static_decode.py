@@ -36,7 +36,10 @@ def test_greedy_tokens_and_logprobs_equal_the_step_by_step_loop(tokenizer, arch,
     plain, static = engines(model, tokenizer)
     # 5 prompts × 3 = 15 rows in a bucket of 16: one padding row decodes beside them
     sampling = SamplingParams(n=3, max_new_tokens=12, greedy=True)
-    expected, got = plain.generate(encode(tokenizer, PROMPTS), sampling), static.generate(encode(tokenizer, PROMPTS), sampling)
+    expected, got = (
+        plain.generate(encode(tokenizer, PROMPTS), sampling),
+        static.generate(encode(tokenizer, PROMPTS), sampling),
+    )
     assert torch.equal(got.response_ids, expected.response_ids)
     assert got.finish_reasons == expected.finish_reasons
     torch.testing.assert_close(got.logprobs, expected.logprobs, atol=1e-5, rtol=0)
@@ -50,7 +53,7 @@ def test_sampled_rows_stop_and_the_tail_runs_in_a_smaller_bucket(tokenizer):
     sampling = SamplingParams(n=8, max_new_tokens=24, temperature=1.3, stop_token_ids=COMMON, seed=3)
     widths = []
     original = static.static._decode_step
-    static.static._decode_step = lambda width, rules: (widths.append(width), original(width, rules))
+    static.static._decode_step = lambda width, span, rules: (widths.append(width), original(width, span, rules))
     out = static.generate(encode(tokenizer, PROMPTS), sampling)
     check_bookkeeping(out, (*COMMON, tokenizer.eos_token_id), 24, tokenizer.pad_token_id)
     assert "stop" in out.finish_reasons
@@ -61,6 +64,23 @@ def test_sampled_rows_stop_and_the_tail_runs_in_a_smaller_bucket(tokenizer):
     assert torch.equal(again.response_ids, out.response_ids)  # same seed, same tokens
     other = static.generate(encode(tokenizer, PROMPTS), SamplingParams(**{**sampling.__dict__, "seed": 4}))
     assert not torch.equal(other.response_ids, out.response_ids)
+
+
+@pytest.mark.parametrize("every", [1, 5], ids=["every-step", "every-5-steps"])
+def test_stop_strings_end_the_rows_where_the_step_by_step_loop_ends_them(tokenizer, every):
+    model = tiny_model(tokenizer, seed=2)  # greedy: 'V<G.LywLyw…', 'V<G=B=B=B…', 'Hz:Hz:…' (no stop)
+    plain, static = engines(model, tokenizer)
+    static.static.check_every = every  # a GPU looks every few steps: the stop is placed where it happened
+    strings = ("wL", " p", "B=B=B")  # completed by the 2nd, 3rd, 5th token of a string: rows end at different steps
+    sampling = SamplingParams(n=3, max_new_tokens=20, greedy=True, stop_strings=strings)
+    expected, got = (
+        plain.generate(encode(tokenizer, PROMPTS), sampling),
+        static.generate(encode(tokenizer, PROMPTS), sampling),
+    )
+    assert "stop" in got.finish_reasons and "length" in got.finish_reasons
+    assert got.finish_reasons == expected.finish_reasons
+    assert torch.equal(got.response_ids, expected.response_ids)
+    torch.testing.assert_close(got.logprobs, expected.logprobs, atol=1e-5, rtol=0)
 
 
 def test_a_weight_update_is_seen_by_the_next_batch(tokenizer):
