@@ -70,7 +70,14 @@ def _train(args: argparse.Namespace) -> int:
     main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun, one header and one ending
     if main_rank:
         print("\n".join(run_header(args.command, config)), flush=True)
-    getattr(runners, runner_name)(config)
+    from posttrain.train.out_of_memory import is_out_of_memory, out_of_memory
+
+    try:
+        getattr(runners, runner_name)(config)
+    except Exception as error:  # out of memory: one message naming the stage and what to lower
+        if not is_out_of_memory(error):
+            raise
+        raise out_of_memory(error, config) from error
     if main_rank:
         for line in closing_lines(config.output_dir):
             print(f"[{args.command}] {line}")

@@ -31,6 +31,7 @@ from posttrain.train.checkpoint import (
     load_weights_into,
     save_checkpoint,
 )
+from posttrain.train.out_of_memory import stage
 from posttrain.train.run_options import OptimizerOptions, RunOptions
 from posttrain.train.run_outputs import Silent, finish_run, on_main, ready_run_dir, report_failure, run_sinks
 from posttrain.train.schedule import lr_multiplier
@@ -183,7 +184,8 @@ def _step(
     on_step: StepHook | None,
 ) -> tuple[dict[str, float], bool]:
     """One optimizer step, its scheduled evaluation and the caller's hook: (metrics, stop)."""
-    metrics = _train_step(objective, examples, parts.sampler, parts.optimizer, parts.params, config, step)
+    with stage("training step", step):
+        metrics = _train_step(objective, examples, parts.sampler, parts.optimizer, parts.params, config, step)
     metrics["lr"] = parts.scheduler.get_last_lr()[0]
     parts.scheduler.step()
     metrics["time/elapsed_s"] = time.perf_counter() - started

@@ -50,6 +50,7 @@ from posttrain.rewards.registry import resolve_rewards
 from posttrain.rollout.batch import RolloutBatch
 from posttrain.sources import RolloutSource
 from posttrain.train.checkpoint import checkpoint_root, load_training_state, load_weights_into, save_checkpoint
+from posttrain.train.out_of_memory import stage
 from posttrain.train.rl_checks import StepWarnings, check_before_loading, preflight_rewards
 from posttrain.train.rl_config import RLRun
 from posttrain.train.rl_prepare import (
@@ -266,7 +267,8 @@ class OnlineRL:
         """One RL step: collect a scored batch, compute advantages, update. Returns the step's
         metrics and a few sample completions."""
         t0 = time.perf_counter()
-        batch, metrics = self.source.next_batch(step)
+        with stage("generation", step):
+            batch, metrics = self.source.next_batch(step)
         if step == 1 and self.config.preflight and self.rewards is not None:
             for note in preflight_rewards(
                 self.rewards.names,
@@ -277,10 +279,12 @@ class OnlineRL:
             ):
                 self.echo(f"[preflight] {note}")
         t1 = time.perf_counter()
-        batch = self.prepare(batch, metrics)
+        with stage("log-probs", step):
+            batch = self.prepare(batch, metrics)
         metrics = self.ranks.reduce_metrics(metrics)  # the ranks' shares of the rollout as one step's
         t2 = time.perf_counter()
-        metrics.update(self.update(batch, step))
+        with stage("update", step):
+            metrics.update(self.update(batch, step))
         return_free_memory()  # the update's activations, before the next rollout or evaluation allocates
         t3 = time.perf_counter()
         self.source.sync_weights(step)
@@ -317,8 +321,7 @@ class OnlineRL:
 
     @property
     def last_eval(self) -> Any:
-        """The last held-out evaluation's samples: an ``EvalResult`` of single-turn runs, a list
-        of episode records (``sources/environment.py``) with env."""
+        """The last held-out evaluation's samples: an ``EvalResult``, or episode records with env."""
         return getattr(self.evaluation, "last_result", None)
 
     # ------------------------------------------------------------------ evaluation, logs, checkpoints
@@ -329,7 +332,8 @@ class OnlineRL:
 
     def _evaluate(self, step: int, logger: Any) -> dict[str, float]:
         """:meth:`evaluate`, its answers written to ``eval_samples.jsonl`` marked right or wrong."""
-        metrics = self.evaluate()
+        with stage("evaluation", step):
+            metrics = self.evaluate()
         logger.log_eval_samples(step, held_out_records(self.last_eval))
         return metrics
 
