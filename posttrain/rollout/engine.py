@@ -133,12 +133,7 @@ class LocalEngine:
         try:
             with torch.inference_mode():
                 if static:
-                    stop_ids = stop_id_tensor(self.eos_id, sampling.stop_token_ids)
-                    batch = prompt_ids.shape[0] * sampling.n
-                    strings = (
-                        StopStrings(self.tokenizer, sampling.stop_strings, batch) if sampling.stop_strings else None
-                    )
-                    out = self.static.sample(prompt_ids, prompt_mask, sampling, stop_ids, self._banned_token(), strings)
+                    out = self._sample_fixed_shapes(prompt_ids, prompt_mask, sampling)
                 else:
                     trace = self._sample(prompt_ids, prompt_mask, sampling)
         finally:
@@ -159,6 +154,13 @@ class LocalEngine:
             batch = prompt_ids.shape[0] * sampling.n
             tokens, logprobs, stops = _scatter(self.pad_id, batch, rows, step_tokens, step_logprobs, hits)
         return self._assemble(prompt_ids, prompt_mask, sampling.n, tokens, logprobs, stops, versions)
+
+    def _sample_fixed_shapes(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingParams) -> StepOutputs:
+        """The batch sampled by fixed-shape steps (CUDA graphs on a GPU): ``[B, steps]`` outputs."""
+        stop_ids = stop_id_tensor(self.eos_id, sampling.stop_token_ids)
+        batch = prompt_ids.shape[0] * sampling.n
+        strings = StopStrings(self.tokenizer, sampling.stop_strings, batch) if sampling.stop_strings else None
+        return self.static.sample(prompt_ids, prompt_mask, sampling, stop_ids, self._banned_token(), strings)
 
     def _banned_token(self) -> int | None:
         """A sampled pad would read as padding: never choose it (unless it is also EOS)."""

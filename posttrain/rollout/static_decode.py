@@ -240,7 +240,9 @@ class StaticDecoding:
         graph = torch.cuda.CUDAGraph()
         if rules.generator is not None:
             graph.register_generator_state(rules.generator)
-        with torch.cuda.graph(graph, pool=self._pool):  # records the step without running it
+        # records the step without running it; thread-local: the learner may keep using the GPU
+        # from its own thread meanwhile (an asynchronous producer's thread)
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             self._decode_step(width, span, rules)
         self._pool = graph.pool()
         self._captured[key] = graph
