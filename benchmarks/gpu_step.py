@@ -14,6 +14,8 @@
 * ``grpo``: a realistic GRPO step (64 prompts × 8 samples × up to 128 tokens, precision bf16,
   full fine-tuning) with graphs and without: step time, generation's share, the update's
   throughput as a share of the card's peak bf16 FLOP/s (6·N per generated token: a lower bound).
+* ``step_profile``: the top operators of a 2-step GRPO run by own device (and CPU) time — where
+  the update's time goes.
 * ``demo``: ``posttrain demo``'s wall time and closing lines, its RL stage with graphs and
   without (``--demo``).
 
@@ -218,10 +220,8 @@ def letter_share(prompts: list, completions: list, **columns: object) -> list[fl
     return [sum(ch.isalpha() for ch in c) / max(1, len(c)) for c in completions]
 
 
-def case_grpo(args: argparse.Namespace, device: torch.device, flops: float | None) -> None:
-    from posttrain.train.rl import OnlineRL
-    from posttrain.train.rl_config import load_rl_config
-
+def grpo_model(args: argparse.Namespace) -> tuple[Path, int]:
+    """A folder holding the random model of ``args.shape`` and a tokenizer; its parameter count."""
     folder = Path(tempfile.mkdtemp(prefix="gpu_step-"))
     model = shaped_model(args.shape, torch.float32, torch.device("cpu"))
     model.save_pretrained(folder / "model")
@@ -233,17 +233,29 @@ def case_grpo(args: argparse.Namespace, device: torch.device, flops: float | Non
         from posttrain.models.tokenizers import build_char_tokenizer
 
         build_char_tokenizer().save_pretrained(folder / "model")
-    params = sum(p.numel() for p in model.parameters())
+    return folder / "model", sum(p.numel() for p in model.parameters())
+
+
+def grpo_run(args: argparse.Namespace, device: torch.device, model: Path, graphs: bool, steps: int) -> list[dict]:
+    """The realistic GRPO step's run (a reward with spread even for a random model); its history."""
+    from posttrain.train.rl import OnlineRL
+    from posttrain.train.rl_config import load_rl_config
+
     micro = min(64, 8 * args.prompts)  # samples per forward/backward pass
+    out = model.parent / f"graphs-{graphs}-{steps}"
+    overrides = [f"model.path={model}", "data.task=reverse", "data.n_train=2048", "data.n_eval=9",
+                 "eval_size=0", "algorithm=grpo", f"steps={steps}", f"prompts_per_step={args.prompts}",
+                 "samples_per_prompt=8", f"max_new_tokens={args.new_tokens}", f"micro_batch_size={micro}",
+                 "rewards=[gpu_step:letter_share]", "sampling.stop=[]", "reward_workers=0", "preflight=false",
+                 "log_every=1000", f"device={device}", f"precision={args.precision}", "report_to=[]",
+                 f"rollout.cuda_graphs={str(graphs).lower()}", f"output_dir={out}"]  # fmt: skip
+    return OnlineRL(load_rl_config(None, overrides), echo=lambda line: None).run()
+
+
+def case_grpo(args: argparse.Namespace, device: torch.device, flops: float | None) -> None:
+    model, params = grpo_model(args)
     for graphs in (False, True):
-        overrides = [f"model.path={folder / 'model'}", "data.task=reverse", "data.n_train=2048", "data.n_eval=9",
-                     "eval_size=0", "algorithm=grpo", f"steps={args.grpo_steps}", f"prompts_per_step={args.prompts}",
-                     "samples_per_prompt=8", f"max_new_tokens={args.new_tokens}", f"micro_batch_size={micro}",
-                     "rewards=[gpu_step:letter_share]", "sampling.stop=[]", "reward_workers=0", "preflight=false",
-                     "log_every=1000", f"device={device}", f"precision={args.precision}", "report_to=[]",
-                     f"rollout.cuda_graphs={str(graphs).lower()}", f"output_dir={folder / str(graphs)}"]  # fmt: skip
-        history = OnlineRL(load_rl_config(None, overrides), echo=lambda line: None).run()
-        timed = history[1:] or history
+        timed = grpo_run(args, device, model, graphs, args.grpo_steps)[1:]
         step = statistics.median(h["time/step_s"] for h in timed)
         generate = statistics.median(h["time/generate_s"] for h in timed)
         update = statistics.median(h["time/train_s"] for h in timed)
@@ -256,6 +268,20 @@ def case_grpo(args: argparse.Namespace, device: torch.device, flops: float | Non
              times={k: round(v, 3) for k, v in timed[-1].items() if k.startswith("time/")})  # fmt: skip
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def case_step_profile(args: argparse.Namespace, device: torch.device) -> None:
+    """Where a whole GRPO run's time goes (2 steps, graphs on): the top operators by own time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model, _ = grpo_model(args)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as trace:
+        grpo_run(args, device, model, graphs=True, steps=2)
+    events = trace.key_averages()
+    for key in ("self_device_time_total", "self_cpu_time_total")[device.type != "cuda" :]:
+        top = sorted(events, key=lambda e: getattr(e, key, 0), reverse=True)[:16]
+        emit("step_profile", by=key, top=[[e.key[:60], round(getattr(e, key, 0) / 1e3, 1), e.count] for e in top])
 
 
 def case_demo(args: argparse.Namespace, graphs: bool) -> None:
@@ -280,7 +306,7 @@ def case_demo(args: argparse.Namespace, graphs: bool) -> None:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    choices = ["check", "engine", "profile", "grpo"]
+    choices = ["check", "engine", "profile", "grpo", "step_profile"]
     parser.add_argument("--cases", nargs="+", default=["check", "engine", "grpo"], choices=choices)
     parser.add_argument("--demo", action="store_true", help="also time `posttrain demo`, with graphs and without")
     parser.add_argument("--tokenizer", default=None, help="a tokenizer folder for the GRPO step (SmolLM2's)")
@@ -303,7 +329,8 @@ def main() -> int:
     name, bandwidth, flops = card(device)
     emit("device", name=name, torch=torch.__version__)
     cases = {"check": lambda: case_checks(args, device), "engine": lambda: case_engine(args, device, bandwidth),
-             "profile": lambda: case_profile(args, device), "grpo": lambda: case_grpo(args, device, flops)}  # fmt: skip
+             "profile": lambda: case_profile(args, device), "grpo": lambda: case_grpo(args, device, flops),
+             "step_profile": lambda: case_step_profile(args, device)}  # fmt: skip
     if args.demo:
         cases["demo"] = lambda: case_demo(args, graphs=True)
         cases["demo_baseline"] = lambda: case_demo(args, graphs=False)
