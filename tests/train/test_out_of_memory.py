@@ -55,7 +55,7 @@ def test_an_update_that_runs_out_of_memory_names_the_stage_and_the_run_resumes(t
         (
             "generate",
             "in the generation of step 1",
-            "prompts_per_step 4, samples_per_prompt 2, max_new_tokens 6: lower prompts_per_step, samples_per_prompt or max_new_tokens",
+            "prompts_per_step 4, samples_per_prompt 2, max_new_tokens 6: lower prompts_per_step, samples_per_prompt",
         ),
         (
             "prepare",
