@@ -18,7 +18,7 @@ from posttrain.memory import return_free_memory
 from posttrain.rollout.hf import TransformersDecoder
 from posttrain.rollout.native import NativeDecoder
 from posttrain.rollout.projections import unsupported_reason
-from posttrain.rollout.sampling import SamplingWorkspace, choose_tokens
+from posttrain.rollout.sampling import SamplingWorkspace, choose_by
 from posttrain.rollout.static_decode import StaticDecoding, StepOutputs
 from posttrain.rollout.stops import StopStrings, stop_id_tensor
 from posttrain.rollout.types import Rollouts, SamplingParams
@@ -187,17 +187,7 @@ class LocalEngine:
             prompt_ids.to(device), prompt_mask.to(device), sampling.max_new_tokens, repeats=sampling.n
         )
         for t in range(sampling.max_new_tokens):
-            tokens, logprobs = choose_tokens(
-                logits,
-                temperature=sampling.temperature,
-                top_k=sampling.top_k,
-                top_p=sampling.top_p,
-                min_p=sampling.min_p,
-                greedy=sampling.greedy,
-                banned_token=banned,
-                generator=generator,
-                workspace=workspace,
-            )
+            tokens, logprobs = choose_by(logits, sampling, banned, generator, workspace)
             hit = _stop_hits(tokens, rows, alive, stop_ids, strings)
             for column, value in zip(trace, (rows, tokens, logprobs, hit, self.policy_version), strict=True):
                 column.append(value)

@@ -6,8 +6,13 @@ logits of excluded tokens to −inf; the most likely token always survives every
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from posttrain.rollout.types import SamplingParams
 
 NEG_INF = float("-inf")
 
@@ -160,3 +165,24 @@ def choose_tokens(
             probs[:, banned_token] = 0.0
         tokens = sample_from_weights(probs, generator)
     return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def choose_by(
+    logits: Tensor,
+    sampling: SamplingParams,
+    banned_token: int | None,
+    generator: torch.Generator | None,
+    workspace: SamplingWorkspace | None = None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`choose_tokens` with the rules of ``sampling`` (temperature, filters, greedy)."""
+    return choose_tokens(
+        logits,
+        temperature=sampling.temperature,
+        top_k=sampling.top_k,
+        top_p=sampling.top_p,
+        min_p=sampling.min_p,
+        greedy=sampling.greedy,
+        banned_token=banned_token,
+        generator=generator,
+        workspace=workspace,
+    )

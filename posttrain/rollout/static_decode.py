@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 
 from posttrain.rollout.native import NativeDecoder
-from posttrain.rollout.sampling import choose_tokens
+from posttrain.rollout.sampling import choose_by
 from posttrain.rollout.stops import StopStrings
 from posttrain.rollout.types import SamplingParams
 
@@ -274,14 +274,4 @@ class _Rules:
         self.key = (s.temperature, s.top_k, s.top_p, s.min_p, s.greedy, banned, stops, generator is not None)
 
     def choose(self, logits: Tensor) -> tuple[Tensor, Tensor]:
-        s = self.sampling
-        return choose_tokens(
-            logits,
-            temperature=s.temperature,
-            top_k=s.top_k,
-            top_p=s.top_p,
-            min_p=s.min_p,
-            greedy=s.greedy,
-            banned_token=self.banned,
-            generator=self.generator,
-        )
+        return choose_by(logits, self.sampling, self.banned, self.generator)
