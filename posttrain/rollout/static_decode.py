@@ -112,15 +112,12 @@ class StaticDecoding:
         self.step = torch.zeros(1, dtype=torch.long, device=device)  # the output column a step writes
         self.rows, self.capacity = rows, capacity
 
-    def release(self) -> int:
-        """Drop every graph and buffer (the next batch allocates and captures again); returns bytes freed."""
+    def release(self) -> None:
+        """Drop every graph and the large buffers (the next batch allocates and captures again)."""
         self._captured, self._pool, self._pointers = {}, None, ()
-        names = ("keys", "values", "bias", "rotations", "out_tokens", "out_logprobs", "out_stops")
-        freed = sum(t.untyped_storage().nbytes() for t in (getattr(self, n, None) for n in names) if t is not None)
-        for name in names:
-            setattr(self, name, None)
+        self.keys = self.values = self.bias = self.rotations = None
+        self.out_tokens = self.out_logprobs = self.out_stops = None
         self.rows = self.capacity = 0
-        return freed
 
     def _constant(self, stop_ids: Tensor | None) -> Tensor | None:
         """``stop_ids`` on the device, the same tensor for the same ids (graphs read its address)."""
@@ -162,6 +159,7 @@ class StaticDecoding:
         self.out_row[:batch] = torch.arange(batch, device=self.device)
         self.finished.fill_(True)
         self.finished[:batch] = False
+        self.out_stops[:batch, :new] = False  # the last batch's stops must not cut this one
         self._record(logits, batch, rules)  # the first token, from the prefill's logits
         width, steps, looked = bucket_for(batch), new, 0
         done = torch.zeros(batch, dtype=torch.bool)  # rows a stop string has ended (host side)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from posttrain.errors import PosttrainError
+from posttrain.train.checkpoint import latest_checkpoint
 
 # what lowers each stage's memory, in the order to try; the keys whose values the message quotes
 SETTINGS = {
@@ -99,8 +100,6 @@ def _gib(count: int) -> str:
 
 
 def _resume_hint(out: Path) -> str:
-    from posttrain.train.checkpoint import latest_checkpoint
-
     checkpoint = latest_checkpoint(out) if out.is_dir() else None
     if checkpoint is None:
         return "No checkpoint was written yet: the run starts over."

@@ -105,3 +105,13 @@ def test_bf16_copies_decode_near_the_float32_masters(tokenizer):
     out = static.generate(encode(tokenizer), SamplingParams(n=2, max_new_tokens=8, seed=0))
     gap = (out.logprobs - full_forward_logprobs(model, out)).abs().max()
     assert 0 < gap < 0.1  # bf16 rounding, not another model
+
+
+def test_a_batch_without_stops_is_not_cut_by_the_last_batchs_stops(tokenizer):
+    model = tiny_model(tokenizer, seed=1)
+    _, static = engines(model, tokenizer)
+    stopping = SamplingParams(n=8, max_new_tokens=12, stop_token_ids=COMMON, seed=0)
+    assert "stop" in static.generate(encode(tokenizer, PROMPTS), stopping).finish_reasons
+    static.eos_id = None  # nothing can end the next batch's rows: every one runs the full length
+    out = static.generate(encode(tokenizer, PROMPTS), SamplingParams(n=8, max_new_tokens=12, seed=0))
+    assert out.finish_reasons == ["length"] * len(out) and bool((out.response_lengths == 12).all())
