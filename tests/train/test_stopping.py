@@ -24,13 +24,20 @@ SFT = ["sft", *TINY, *COMMANDS["sft"], "batch_size=8", "learning_rate=1e-3", "wa
 SFT += ["report_to=[]", "log_every=1000", "save_every=0"]
 
 
+# `python -m posttrain` with Ctrl-C's usual meaning: a child inherits an ignored SIGINT (Python
+# then installs no KeyboardInterrupt handler), and in a full suite the test process may ignore it
+AS_FROM_A_TERMINAL = "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+AS_FROM_A_TERMINAL += "runpy.run_module('posttrain', run_name='__main__', alter_sys=True)"
+
+
 def start(args: list[str], ranks: int = 1, env: dict[str, str] | None = None) -> subprocess.Popen:
     launcher = [sys.executable]
     if ranks > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **(env or {})}
+    module = ["-m", "posttrain"] if ranks > 1 else ["-c", AS_FROM_A_TERMINAL]
     return subprocess.Popen(
-        [*launcher, "-m", "posttrain", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        [*launcher, *module, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
 
 
