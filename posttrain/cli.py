@@ -70,6 +70,11 @@ def _train(args: argparse.Namespace) -> int:
     main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun, one header and one ending
     if main_rank:
         print("\n".join(run_header(args.command, config)), flush=True)
+        from posttrain.train.plan import announce_plan
+
+        announce_plan(args.command, config)  # refuses a run that cannot fit, before anything loads
+    if args.plan:
+        return 0
     from posttrain.train.out_of_memory import is_out_of_memory, out_of_memory
 
     try:
@@ -187,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--config", help="a YAML config file (e.g. configs/reverse_sft.yaml)")
         sub.add_argument("--resume", help='"auto" (newest complete checkpoint in output_dir) or a checkpoint path')
         sub.add_argument("--options", action="store_true", help="list every config key with its default and meaning")
+        sub.add_argument(
+            "--plan", action="store_true", help="print the run's memory per phase against the device's, then exit"
+        )
         sub.add_argument(
             "--nproc-per-node",
             type=at_least(1),

@@ -207,7 +207,8 @@ def _log_eval(evaluate: EvalFn, logger: MetricsLogger | Silent, step: int) -> di
 
 def _evaluated(evaluate: EvalFn) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """(the metrics, ``eval/`` prefixed; the answers, or none) of one evaluation."""
-    result = evaluate()
+    with stage("evaluation"):
+        result = evaluate()
     metrics, answers = result if isinstance(result, tuple) else (result, [])
     return {f"eval/{k}": v for k, v in metrics.items()}, list(answers)
 

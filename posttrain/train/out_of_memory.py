@@ -52,15 +52,26 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and "DefaultCPUAllocator" in str(error)
 
 
+_ACTIVE: list[str] = []  # the stages entered and not yet left, innermost last
+
+
 @contextmanager
 def stage(name: str, step: int | None = None) -> Iterator[None]:
     """Tag an out-of-memory error raised inside with ``name`` and ``step`` (the innermost wins)."""
+    _ACTIVE.append(name)
     try:
         yield
     except BaseException as error:
         if is_out_of_memory(error) and not hasattr(error, "posttrain_stage"):
             error.posttrain_stage = (name, step)
         raise
+    finally:
+        _ACTIVE.pop()
+
+
+def current_stage() -> str | None:
+    """The innermost stage running now (read by the memory benchmark's sampler), None outside any."""
+    return _ACTIVE[-1] if _ACTIVE else None
 
 
 def out_of_memory(error: BaseException, config: Any) -> OutOfMemory:

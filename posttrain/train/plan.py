@@ -1,0 +1,295 @@
+"""A run's memory plan from its resolved config, before any weights load: ``posttrain rl|sft|rm|dpo
+... --plan`` prints it and exits, every run prints it first, and a run whose peak cannot fit the
+device is refused with the key to change (``memory_model.py`` has the formulas).
+
+The lengths come from the data as the run will see it: the longest prompt (RL) or example
+(SFT, RM, DPO) in tokens of the run's tokenizer, over at most ``LENGTH_SAMPLE`` rows. On the
+CPU the peak counts this process as it is (interpreter and libraries, measured) and is compared
+with the machine's memory; on a GPU it is compared with the card's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posttrain.errors import PosttrainError
+from posttrain.train.memory_model import DTYPE_BYTES, MemoryPlan, ModelShape, Phase, human, logits_bytes, plan_lines
+
+LENGTH_SAMPLE = 2000  # rows whose lengths are measured (all of them when fewer)
+
+
+class PlanDoesNotFit(PosttrainError):
+    """The planned peak is more than the device has."""
+
+
+def model_shape(section: Any) -> ModelShape:
+    """The shape of ``model:``: a folder's config.json, or the tiny model's spec."""
+    if section.path is not None:
+        return ModelShape.from_config(json.loads((Path(section.path) / "config.json").read_text()))
+    from posttrain.models.tokenizers import build_char_tokenizer
+
+    spec = section.tiny
+    return ModelShape(
+        vocab=len(build_char_tokenizer()),
+        hidden=spec.hidden,
+        layers=spec.layers,
+        heads=spec.heads,
+        kv_heads=spec.heads,
+        head_dim=spec.hidden // spec.heads,
+        intermediate=spec.intermediate or 4 * spec.hidden,
+        tied=False,
+        qkv_bias=spec.arch == "qwen2",
+    )
+
+
+def _tokenizer(section: Any) -> Any:
+    if section.path is not None:
+        from posttrain.models.loading import load_tokenizer
+
+        return load_tokenizer(section.path)
+    from posttrain.models.tokenizers import build_char_tokenizer
+
+    return build_char_tokenizer()
+
+
+def _sample(rows: Sequence[dict], seed: int) -> Sequence[dict]:
+    if len(rows) <= LENGTH_SAMPLE:
+        return rows
+    return random.Random(seed).sample(list(rows), LENGTH_SAMPLE)
+
+
+def longest_prompt(tokenizer: Any, rows: Sequence[dict], column: str, seed: int = 0) -> int:
+    """The longest prompt of ``rows`` in tokens, as the sampler sees it."""
+    from posttrain.models.chat import prompt_ids
+
+    return max((len(prompt_ids(tokenizer, row[column])) for row in _sample(rows, seed) if column in row), default=1)
+
+
+def longest_example(tokenizer: Any, rows: Sequence[dict], seed: int = 0) -> int:
+    """The longest prompt + completion (or + the longer of chosen and rejected) in tokens."""
+    from posttrain.models.chat import prompt_ids, render_chat
+
+    def text(value: Any) -> str:
+        return value if isinstance(value, str) else render_chat(tokenizer, value, add_generation_prompt=False)
+
+    longest = 1
+    for row in _sample(rows, seed):
+        if "messages" in row:
+            length = len(prompt_ids(tokenizer, text(row["messages"])))
+        else:
+            prompt = len(prompt_ids(tokenizer, row.get("prompt", "")))
+            answers = [row[key] for key in ("completion", "chosen", "rejected") if key in row]
+            length = prompt + max((len(prompt_ids(tokenizer, text(a))) for a in answers), default=0) + 1  # EOS
+        longest = max(longest, length)
+    return longest
+
+
+def _reward_model_shapes(rewards: Sequence[Any]) -> list[ModelShape]:
+    shapes = []
+    for spec in rewards:
+        if isinstance(spec, dict) and spec.get("name") == "reward_model" and spec.get("path"):
+            config = Path(spec["path"]) / "config.json"
+            if config.is_file():
+                shapes.append(ModelShape.from_config(json.loads(config.read_text())))
+    return shapes
+
+
+def _activation_bytes(config: Any) -> int:
+    return 2 if config.precision in ("bf16", "fp16") else DTYPE_BYTES[config.model.dtype]
+
+
+def _trained(config: Any, shape: ModelShape) -> int:
+    lora = config.model.lora
+    return shape.lora_parameters(lora.r) if lora is not None else shape.parameters()
+
+
+def _resident(config: Any, shape: ModelShape, *, reference: bool) -> Phase:
+    """Weights, gradients (allocated from the start) and AdamW's moments of the trained model."""
+    p, trained = DTYPE_BYTES[config.model.dtype], _trained(config, shape)
+    parts = {"weights": shape.parameters() * p, "gradients": trained * p, "optimizer": trained * p * 2}
+    if config.model.lora is not None:
+        parts["adapters"] = trained * p
+    if reference and config.model.lora is None:  # with LoRA the reference is the model, adapters off
+        parts["reference"] = shape.parameters() * p
+    return Phase("resident", parts)
+
+
+def rl_plan(config: Any, shape: ModelShape, prompt_tokens: int, reward_models: Sequence[ModelShape] = ()) -> MemoryPlan:
+    """The phases of an RL step: generation, log-probs (policy, reference, critic) and the update."""
+    from posttrain.train.rl_prepare import anchors_on_engine, minibatch_size, recompute_old_logprobs
+
+    p, a = DTYPE_BYTES[config.model.dtype], _activation_bytes(config)
+    engine = 2 if a == 2 and config.device != "cpu" else p
+    lora = config.model.lora is not None
+    resident = _resident(config, shape, reference=config.algorithm.kl.needs_reference)
+    if config.algorithm.critic is not None:  # a copy of the body with a scalar head, trained in full
+        body = shape.parameters() - (0 if shape.tied else shape.vocab * shape.hidden)
+        resident.parts["critic"] = body * p * 4  # weights, gradients, two moments
+    for index, scorer in enumerate(reward_models):
+        head = 0 if scorer.tied else scorer.vocab * scorer.hidden  # a scorer has no output layer
+        resident.parts[f"reward model {index + 1}"] = (scorer.parameters() - head) * 4
+    length = prompt_tokens + config.max_new_tokens
+    if config.env is not None:  # turns of the episode, each with a reply and what answers it
+        length = config.env.max_total_tokens or prompt_tokens + 2 * config.env.max_turns * config.max_new_tokens
+    rows = config.prompts_per_step * config.samples_per_prompt
+    phases = [_generation("generation", shape, rows, config.prompts_per_step, prompt_tokens, length, engine, lora)]
+    if config.eval_every and config.eval_size != 0:
+        eval_rows = config.eval_batch_size
+        phases.append(_generation("evaluation", shape, eval_rows, eval_rows, prompt_tokens, length, engine, lora))
+    micro = micro_rows(config, minibatch_size(config), length)
+    tokens, response = micro * length, length - prompt_tokens
+    # a group's prompt encoded once, its samples' responses reading its keys and values (a
+    # checkpointed model takes the full forward: rl_prepare.py)
+    shared = config.shared_prompt_forward and not config.model.gradient_checkpointing and config.env is None
+    if shared:
+        groups = -(-micro // config.samples_per_prompt)
+        tokens = groups * prompt_tokens + micro * response
+    # forward passes without autograd: π_old (several updates a batch), π_ref, the critic's values
+    policy_passes = recompute_old_logprobs(config) and not anchors_on_engine(config)
+    if policy_passes or config.algorithm.kl.needs_reference:
+        logits = logits_bytes(micro, response + 1, shape.vocab, a, with_gradient=False)
+        phases.append(Phase("log-probs", {"activations": shape.layer_temporaries(tokens, a), "logits": logits}))
+    checkpointing = config.model.gradient_checkpointing
+    phases.append(
+        Phase(
+            "update",
+            {
+                "activations": shape.saved_activations(tokens, a, checkpointing) + shape.layer_temporaries(tokens, a),
+                "logits": logits_bytes(micro, response, shape.vocab, a, with_gradient=True),
+                "attention mask": micro * length * length,
+                "prompt keys and values": shape.kv_cache(micro, prompt_tokens, a) if shared else 0,
+            },
+        )
+    )
+    if config.algorithm.critic is not None:  # its passes read whole sequences and have one output
+        whole = micro * length
+        phases.append(Phase("values", {"activations": shape.layer_temporaries(whole, a)}))
+        saved = shape.saved_activations(whole, a, checkpointing) + shape.layer_temporaries(whole, a)
+        phases.append(Phase("critic update", {"activations": saved, "attention mask": micro * length * length}))
+    return MemoryPlan(resident, phases, runtime=_runtime(config))
+
+
+def micro_rows(config: Any, minibatch: int, length: int) -> int:
+    """Rows per forward/backward pass: ``micro_batch_size``, or as many rows of ``length``
+    tokens as ``micro_batch_tokens`` holds (at least one), or the whole minibatch."""
+    if config.micro_batch_size:
+        return min(config.micro_batch_size, minibatch)
+    budget = getattr(config, "micro_batch_tokens", None)
+    if budget:
+        return max(1, min(minibatch, budget // length))
+    return minibatch
+
+
+def _generation(
+    name: str, shape: ModelShape, rows: int, prompts: int, prompt_tokens: int, length: int, p: int, lora: bool
+) -> Phase:
+    """The engine: its fused weights, the KV cache of every row, the prompts' prefill (one
+    layer's temporaries and its attention bias) and a step's float32 logits."""
+    return Phase(
+        name,
+        {
+            "KV cache": shape.kv_cache(rows, length, p),
+            "engine weights": shape.engine_copies(p, lora),
+            "prefill": shape.layer_temporaries(prompts * prompt_tokens, p) + prompts * prompt_tokens**2 * p,
+            "logits": 3 * rows * shape.vocab * 4,
+        },
+    )
+
+
+def offline_plan(config: Any, command: str, shape: ModelShape, example_tokens: int) -> MemoryPlan:
+    """The phases of an SFT, reward-model or DPO step: one micro-batch's forward and backward
+    pass (chosen and rejected together for pairs; a DPO reference pass without autograd)."""
+    a = _activation_bytes(config)
+    length = config.max_length if getattr(config, "packing", False) and config.max_length else example_tokens
+    rows = config.batch_size // config.gradient_accumulation * (2 if command in ("rm", "dpo") else 1)
+    tokens = rows * length
+    checkpointing = config.model.gradient_checkpointing
+    resident = _resident(config, shape, reference=command == "dpo")
+    vocab = 1 if command == "rm" else shape.vocab  # a scorer's head has one output
+    step = {
+        "activations": shape.saved_activations(tokens, a, checkpointing) + shape.layer_temporaries(tokens, a),
+        "logits": logits_bytes(rows, length, vocab, a, with_gradient=True),
+        "attention mask": rows * length * length,
+    }
+    phases = [Phase("training step", step)]
+    if command == "sft" and getattr(config, "eval_size", None) != 0:  # greedy answers to held-out prompts
+        rows, p, lora = config.eval_batch_size, DTYPE_BYTES[config.model.dtype], config.model.lora is not None
+        positions = length + config.eval_max_new_tokens  # the prompt taken as long as a whole example
+        phases.append(_generation("evaluation", shape, rows, rows, length, positions, p, lora))
+    return MemoryPlan(resident, phases, runtime=_runtime(config))
+
+
+def _runtime(config: Any) -> int:
+    """On the CPU, this process's resident memory now (what the peak adds to); on a GPU, 0."""
+    if config.device not in ("cpu", "auto") or torch.cuda.is_available():
+        return 0
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def device_memory(device: torch.device) -> tuple[str, int | None]:
+    """(what the device is called in the plan, the bytes it has): a CUDA card's total memory,
+    or the machine's physical memory for the CPU (None where it cannot be read)."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return f"GPU {props.name}", int(props.total_memory)
+    if hasattr(os, "sysconf") and "SC_PHYS_PAGES" in os.sysconf_names:
+        return "this machine", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return "this machine", None
+
+
+def check_fits(plan: MemoryPlan, device: str, available: int | None, keys: str) -> None:
+    """Refuse a run whose planned peak is more than the device has, naming what to lower."""
+    if available is None or plan.peak <= available:
+        return
+    raise PlanDoesNotFit(
+        f"this run needs about {human(plan.peak)} at its peak (the {plan.peak_phase.name}), more than the "
+        f"{human(available)} {device} has: lower {keys} (posttrain ... --plan shows each phase)"
+    )
+
+
+def plan_for(command: str, config: Any) -> tuple[MemoryPlan, str, int | None]:
+    """The memory plan of ``posttrain <command>`` with ``config``, the device's name and its
+    memory; reads the model's config, its tokenizer and the data (no weights)."""
+    from posttrain.data.section import load_rows
+    from posttrain.devices import resolve_device
+    from posttrain.models.section import check_model_source
+
+    check_model_source(config.model)  # the run's own message for a folder that cannot load
+    shape, tokenizer = model_shape(config.model), _tokenizer(config.model)
+    if command == "rl":
+        rows, _, _ = load_rows(config.data, config.seed)
+        prompt = longest_prompt(tokenizer, rows, config.data.prompt_column, config.seed)
+        plan = rl_plan(config, shape, prompt, _reward_model_shapes(config.rewards))
+    else:
+        formats = {"sft": ("prompt_completion", "conversational"), "rm": ("preference",), "dpo": ("preference",)}
+        rows, _, _ = load_rows(config.data, config.seed, formats[command])
+        plan = offline_plan(config, command, shape, longest_example(tokenizer, rows, config.seed))
+    device, available = device_memory(resolve_device(config.device))
+    return plan, device, available
+
+
+def announce_plan(command: str, config: Any) -> MemoryPlan:
+    """Print the run's memory plan and refuse a run whose peak cannot fit (``--plan`` stops here)."""
+    from posttrain.train.out_of_memory import REMEDIES
+
+    plan, device, available = plan_for(command, config)
+    print("\n".join([f"[{command}] memory plan (estimated from the shapes):", *plan_lines(plan, device, available)]))
+    stage = STAGE_OF_PHASE.get(plan.peak_phase.name, plan.peak_phase.name)
+    check_fits(plan, device, available, REMEDIES.get(stage, "the batch sizes"))
+    return plan
+
+
+STAGE_OF_PHASE = {"values": "log-probs", "critic update": "update"}  # phases named as the run's stages

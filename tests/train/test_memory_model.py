@@ -1,0 +1,130 @@
+"""The memory plan's parts are the tensors a run really holds: the parameter counts of real
+models (tied or not, LoRA's adapters), the engine's KV cache, the activations autograd keeps
+(counted with saved-tensor hooks); ``--plan`` prints the phases and exits without training, and
+a run that cannot fit is refused before anything loads, naming what to lower. How close the
+whole peak comes to measured runs is a benchmark (benchmarks/memory_plan.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posttrain.cli import main
+from posttrain.models.tiny import build_tiny_causal_lm
+from posttrain.models.tokenizers import build_char_tokenizer
+from posttrain.train.memory_model import ModelShape
+from posttrain.train.plan import model_shape
+from posttrain.train.rl_config import load_rl_config
+
+TOKENIZER = build_char_tokenizer()
+
+
+def tiny(arch: str, layers: int = 2, hidden: int = 64, heads: int = 4, intermediate: int | None = None):
+    config = load_rl_config(
+        None,
+        [f"model.tiny={{arch: {arch}, layers: {layers}, hidden: {hidden}, heads: {heads}"
+         + (f", intermediate: {intermediate}" if intermediate else "") + "}", "data.task=reverse"],
+    )  # fmt: skip
+    model = build_tiny_causal_lm(
+        len(TOKENIZER), arch=arch, layers=layers, hidden=hidden, heads=heads, intermediate=intermediate,
+        max_positions=2048, seed=0, tokenizer=TOKENIZER,
+    )  # fmt: skip
+    return model_shape(config.model), model
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_parameter_counts_are_the_built_models(arch):
+    shape, model = tiny(arch, layers=3, hidden=96, heads=6, intermediate=200)
+    assert shape.parameters() == sum(p.numel() for p in model.parameters())
+
+
+def test_a_tied_real_config_counts_its_embeddings_once():
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    settings = dict(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+        num_key_value_heads=3, tie_word_embeddings=True,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(LlamaConfig(**settings))
+    shape = ModelShape.from_config(settings)
+    assert shape.parameters() == sum(p.numel() for p in model.parameters())  # SmolLM2-135M's 134.5M
+
+
+def test_lora_parameters_are_peft_s_trainable_ones():
+    from peft import LoraConfig, get_peft_model
+
+    shape, model = tiny("llama", layers=2, hidden=64, heads=4)
+    peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
+    trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    assert shape.lora_parameters(8) == trainable
+
+
+def test_the_kv_cache_is_the_engine_s():
+    from posttrain.rollout.native import NativeDecoder
+
+    shape, model = tiny("llama", layers=2, hidden=64, heads=4)
+    decoder = NativeDecoder(model)
+    prompts = torch.randint(5, 40, (3, 7))
+    with torch.inference_mode():
+        decoder.prefill(prompts, torch.ones_like(prompts), max_new_tokens=5, repeats=2)
+    held = decoder.keys.untyped_storage().nbytes() + decoder.values.untyped_storage().nbytes()
+    assert shape.kv_cache(rows=6, positions=7 + 5, nbytes=4) == held
+
+
+def _saved_bytes(model: torch.nn.Module, rows: int, length: int) -> int:
+    """Bytes of the tensors autograd keeps for the backward pass of a log-prob forward (the
+    parameters and the output layer's logits left out: the plan counts them apart)."""
+    from posttrain.models.logprobs import response_logprobs
+
+    storages: dict[int, int] = {}
+
+    def keep(tensor: torch.Tensor) -> torch.Tensor:
+        storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    ids = torch.randint(5, 40, (rows, length))
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+        response_logprobs(model, ids, torch.ones_like(ids), length - 1)
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    return sum(size for pointer, size in storages.items() if pointer not in parameters)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_saved_activations_are_what_autograd_keeps(arch):
+    shape, model = tiny(arch, layers=3, hidden=128, heads=4, intermediate=320)
+    rows, length = 4, 48
+    measured = _saved_bytes(model, rows, length)
+    planned = shape.saved_activations(rows * length, 4, checkpointing=False)
+    assert planned == pytest.approx(measured, rel=0.1)
+
+
+def test_plan_prints_the_phases_and_trains_nothing(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["rl", "--config", "posttrain/demo_rl.yaml", "model.tiny.layers=1", f"output_dir={out}", "--plan"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    for phase in ("resident", "generation", "evaluation", "update"):
+        assert f"  {phase} " in printed
+    assert "peak" in printed and "in the update" in printed
+    assert not out.exists()  # nothing written, nothing loaded
+
+
+def test_sft_plan_has_its_training_step_and_evaluation(tmp_path, capsys):
+    args = ["sft", "--config", "configs/reverse_sft.yaml", f"output_dir={tmp_path / 'sft'}", "--plan"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "  training step " in printed and "  evaluation " in printed and "  peak " in printed
+
+
+def test_a_run_that_cannot_fit_is_refused_before_anything_loads(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = [
+        "rl", "--config", "posttrain/demo_rl.yaml", "model.tiny.layers=1", f"output_dir={out}",
+        "prompts_per_step=1024", "max_new_tokens=2000",
+    ]  # fmt: skip
+    assert main(args) == 2
+    error = capsys.readouterr().err
+    assert "at its peak (the update)" in error and "micro_batch_size" in error
+    assert "Traceback" not in error
+    assert not out.exists()
