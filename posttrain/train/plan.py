@@ -31,8 +31,10 @@ class PlanDoesNotFit(PosttrainError):
 
 def model_shape(section: Any) -> ModelShape:
     """The shape of ``model:``: a folder's config.json, or the tiny model's spec."""
-    if section.path is not None:
-        return ModelShape.from_config(json.loads((Path(section.path) / "config.json").read_text()))
+    if section.path is not None:  # a folder, or a Hub id found in the cache (models/loading.py)
+        from posttrain.models.loading import read_config
+
+        return ModelShape.from_config(read_config(section.path).to_dict())
     from posttrain.models.tokenizers import build_char_tokenizer
 
     spec = section.tiny
