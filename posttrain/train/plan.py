@@ -71,26 +71,37 @@ def longest_prompt(tokenizer: Any, rows: Sequence[dict], column: str, seed: int 
     """The longest prompt of ``rows`` in tokens, as the sampler sees it."""
     from posttrain.models.chat import prompt_ids
 
-    return max((len(prompt_ids(tokenizer, row[column])) for row in _sample(rows, seed) if column in row), default=1)
+    longest = 1
+    for row in _sample(rows, seed):
+        try:
+            longest = max(longest, len(prompt_ids(tokenizer, row[column])))
+        except (KeyError, TypeError, PosttrainError):  # the run refuses such a row itself, naming it
+            continue
+    return longest
 
 
 def longest_example(tokenizer: Any, rows: Sequence[dict], seed: int = 0) -> int:
     """The longest prompt + completion (or + the longer of chosen and rejected) in tokens."""
+    longest = 1
+    for row in _sample(rows, seed):
+        try:
+            longest = max(longest, _example_length(tokenizer, row))
+        except (KeyError, TypeError, PosttrainError):  # the run refuses such a row itself, naming it
+            continue
+    return longest
+
+
+def _example_length(tokenizer: Any, row: dict) -> int:
     from posttrain.models.chat import prompt_ids, render_chat
 
     def text(value: Any) -> str:
         return value if isinstance(value, str) else render_chat(tokenizer, value, add_generation_prompt=False)
 
-    longest = 1
-    for row in _sample(rows, seed):
-        if "messages" in row:
-            length = len(prompt_ids(tokenizer, text(row["messages"])))
-        else:
-            prompt = len(prompt_ids(tokenizer, row.get("prompt", "")))
-            answers = [row[key] for key in ("completion", "chosen", "rejected") if key in row]
-            length = prompt + max((len(prompt_ids(tokenizer, text(a))) for a in answers), default=0) + 1  # EOS
-        longest = max(longest, length)
-    return longest
+    if "messages" in row:
+        return len(prompt_ids(tokenizer, text(row["messages"])))
+    prompt = len(prompt_ids(tokenizer, row.get("prompt", "")))
+    answers = [row[key] for key in ("completion", "chosen", "rejected") if key in row]
+    return prompt + max((len(prompt_ids(tokenizer, text(a))) for a in answers), default=0) + 1  # EOS
 
 
 def _reward_model_shapes(rewards: Sequence[Any]) -> list[ModelShape]:
