@@ -70,9 +70,10 @@ def _train(args: argparse.Namespace) -> int:
     main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun, one header and one ending
     if main_rank:
         print("\n".join(run_header(args.command, config)), flush=True)
-        from posttrain.train.plan import announce_plan
+    from posttrain.train.plan import announce_plan
 
-        announce_plan(args.command, config)  # refuses a run that cannot fit, before anything loads
+    # every rank sizes its micro-batches alike; rank 0 prints the plan; a run that cannot fit stops here
+    config = announce_plan(args.command, config, echo=main_rank)
     if args.plan:
         return 0
     from posttrain.train.out_of_memory import is_out_of_memory, out_of_memory

@@ -42,6 +42,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
+from posttrain.config import ConfigError
 from posttrain.errors import PosttrainError
 
 T = TypeVar("T")
@@ -227,6 +228,18 @@ class World:
             load_full_weights(model, weights)
         else:
             model.load_state_dict(weights)
+
+    def same_everywhere(self, value: int | None, key: str) -> None:
+        """Refuse a setting the ranks hold differently (e.g. a derived ``micro_batch_tokens`` on
+        machines with different memory): they would cut their passes differently."""
+        if self.size == 1:
+            return
+        number = -1 if value is None else int(value)
+        if self.most(number) != -self.most(-number):
+            raise ConfigError(
+                f"{key} differs between the processes (this one has {value}): set {key} in the config "
+                "so that every process uses the same value"
+            )
 
     def most(self, count: int) -> int:
         """The largest ``count`` over the ranks (how many passes each must run when every

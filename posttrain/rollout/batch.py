@@ -105,6 +105,14 @@ class RolloutBatch:
                 picked[item.name] = value
         return RolloutBatch(**picked)
 
+    def lengths(self) -> tuple[list[int], list[int]]:
+        """(prompt tokens, response width up to the last attended token) of every sample: the
+        positions a pass over it alone would take (train/micro_batches.py)."""
+        attended = self.response_attention_mask
+        positions = torch.arange(1, attended.shape[1] + 1)
+        widths = (attended * positions).amax(1) if attended.numel() else torch.zeros(len(self), dtype=torch.long)
+        return self.prompt_mask.sum(1).tolist(), widths.tolist()
+
     def trimmed(self) -> RolloutBatch:
         """The same samples without the padding columns no sample uses (left of the longest
         prompt, right of the longest response): a subset of a batch is often narrower."""

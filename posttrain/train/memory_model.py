@@ -158,7 +158,7 @@ def plan_lines(plan: MemoryPlan, device: str, available: int | None) -> list[str
     lines.append(f"  resident     {human(plan.resident.total):>11}  ({_parts(plan.resident)})")
     for phase in plan.phases:
         lines.append(f"  {phase.name:<12} {'+' + human(phase.total):>11}  ({_parts(phase)})")
-    where = f" of the {human(available)} {device} has" if available else ""
+    where = f" of the {human(available)} {device}" if available else ""
     lines.append(f"  peak         {human(plan.peak):>11}{where}, in the {plan.peak_phase.name}")
     return lines
 

@@ -31,6 +31,7 @@ from posttrain.train.checkpoint import (
     load_weights_into,
     save_checkpoint,
 )
+from posttrain.train.micro_batches import example_cost, offline_passes, split_evenly
 from posttrain.train.out_of_memory import stage
 from posttrain.train.run_options import OptimizerOptions, RunOptions
 from posttrain.train.run_outputs import Silent, finish_run, on_main, ready_run_dir, report_failure, run_sinks
@@ -47,6 +48,11 @@ class LoopConfig(RunOptions, OptimizerOptions):
     gradient_accumulation: int = Field(1, ge=1)
     """Micro-batches per step; batch_size must be a multiple. The loss is normalised over the
     whole step, so results do not depend on this (up to float rounding)."""
+    micro_batch_tokens: int | None = Field(None, ge=1)
+    """Tokens per forward/backward pass (rows × the longest, padding included): a step takes
+    more micro-batches than gradient_accumulation when its rows need it. With it unset and
+    gradient_accumulation 1, the command derives it from the memory plan and the device's memory
+    (``--plan`` shows it), records it in config.yaml and checkpoints, and a resume reuses it."""
 
     @model_validator(mode="after")
     def _whole_micro_batches(self) -> LoopConfig:
@@ -271,6 +277,17 @@ def held_out_metrics(objective: Objective, examples: Sequence[Any], batch_size: 
     return totals
 
 
+def _micro_batches(rows: list, config: LoopConfig) -> list:
+    """A step's rows in ``gradient_accumulation`` passes, or in more where ``micro_batch_tokens``
+    needs them: then one count on every rank (a sharded model's passes are collectives)."""
+    if config.micro_batch_tokens is None:
+        micro = max(len(rows) // config.gradient_accumulation, 1)
+        return [rows[i : i + micro] for i in range(0, len(rows), micro)]
+    widest = max((count * length for count, length in map(example_cost, rows)), default=1)
+    passes = world().most(offline_passes(len(rows), widest, config.gradient_accumulation, config.micro_batch_tokens))
+    return list(split_evenly(rows, min(passes, len(rows)) or 1))
+
+
 def _train_step(
     objective: Objective,
     examples: Sequence[Any],
@@ -283,8 +300,7 @@ def _train_step(
     ranks = world()
     # this rank's share of the step's rows (all of them in one process), in as many micro-batches
     rows = ranks.share([examples[i] for i in sampler.next_batch()])
-    micro = max(len(rows) // config.gradient_accumulation, 1)
-    chunks = [rows[i : i + micro] for i in range(0, len(rows), micro)]
+    chunks = _micro_batches(rows, config)
     # normalised by the whole step's units over the ranks: the summed gradients are one process's
     step_units = ranks.sum(sum(objective.units(chunk) for chunk in chunks))
     optimizer.zero_grad(set_to_none=True)

@@ -14,6 +14,7 @@ import json
 import os
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -192,12 +193,9 @@ def rl_plan(config: Any, shape: ModelShape, prompt_tokens: int, reward_models: S
 def micro_rows(config: Any, minibatch: int, length: int) -> int:
     """Rows per forward/backward pass: ``micro_batch_size``, or as many rows of ``length``
     tokens as ``micro_batch_tokens`` holds (at least one), or the whole minibatch."""
-    if config.micro_batch_size:
-        return min(config.micro_batch_size, minibatch)
+    rows = min(config.micro_batch_size or minibatch, minibatch)
     budget = getattr(config, "micro_batch_tokens", None)
-    if budget:
-        return max(1, min(minibatch, budget // length))
-    return minibatch
+    return max(1, min(rows, budget // length)) if budget else rows
 
 
 def _generation(
@@ -221,7 +219,11 @@ def offline_plan(config: Any, command: str, shape: ModelShape, example_tokens: i
     pass (chosen and rejected together for pairs; a DPO reference pass without autograd)."""
     a = _activation_bytes(config)
     length = config.max_length if getattr(config, "packing", False) and config.max_length else example_tokens
-    rows = config.batch_size // config.gradient_accumulation * (2 if command in ("rm", "dpo") else 1)
+    pair = 2 if command in ("rm", "dpo") else 1  # chosen and rejected side by side
+    examples = config.batch_size // config.gradient_accumulation
+    if config.micro_batch_tokens:  # as many whole examples as the budget holds (train/micro_batches.py)
+        examples = max(1, min(examples, config.micro_batch_tokens // (pair * length)))
+    rows = examples * pair
     tokens = rows * length
     checkpointing = config.model.gradient_checkpointing
     resident = _resident(config, shape, reference=command == "dpo")
@@ -252,15 +254,22 @@ def _runtime(config: Any) -> int:
     return 0
 
 
-def device_memory(device: torch.device) -> tuple[str, int | None]:
-    """(what the device is called in the plan, the bytes it has): a CUDA card's total memory,
-    or the machine's physical memory for the CPU (None where it cannot be read)."""
+def device_memory(device: torch.device, memory_gib: float | None = None) -> tuple[str, int | None]:
+    """(what the plan calls the memory, the bytes one process may count on): ``memory_gib`` when
+    set, a CUDA card's total memory, or the machine's physical memory shared by the processes
+    torchrun started on it (None where it cannot be read)."""
+    if memory_gib is not None:
+        return "memory_gib allows", int(memory_gib * 2**30)
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        return f"GPU {props.name}", int(props.total_memory)
+        return f"GPU {props.name} has", int(props.total_memory)
     if hasattr(os, "sysconf") and "SC_PHYS_PAGES" in os.sysconf_names:
-        return "this machine", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return "this machine", None
+        processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return (
+            "this machine has" if processes == 1 else f"each of this machine's {processes} processes has"
+        ), total // processes
+    return "this machine has", None
 
 
 def check_fits(plan: MemoryPlan, device: str, available: int | None, keys: str) -> None:
@@ -269,15 +278,23 @@ def check_fits(plan: MemoryPlan, device: str, available: int | None, keys: str) 
         return
     raise PlanDoesNotFit(
         f"this run needs about {human(plan.peak)} at its peak (the {plan.peak_phase.name}), more than the "
-        f"{human(available)} {device} has: lower {keys} (posttrain ... --plan shows each phase)"
+        f"{human(available)} {device}: lower {keys} (posttrain ... --plan shows each phase)"
     )
 
 
-def plan_for(command: str, config: Any) -> tuple[MemoryPlan, str, int | None]:
-    """The memory plan of ``posttrain <command>`` with ``config``, the device's name and its
-    memory; reads the model's config, its tokenizer and the data (no weights)."""
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a plan is made from besides the config: read once, planned at any micro-batch."""
+
+    command: str
+    shape: ModelShape
+    length: int  # RL: the longest prompt; SFT, RM, DPO: the longest example
+    reward_models: tuple[ModelShape, ...] = ()
+
+
+def plan_inputs(command: str, config: Any) -> PlanInputs:
+    """Read the model's config, its tokenizer and the data (no weights)."""
     from posttrain.data.section import load_rows
-    from posttrain.devices import resolve_device
     from posttrain.models.section import check_model_source
 
     check_model_source(config.model)  # the run's own message for a folder that cannot load
@@ -285,24 +302,45 @@ def plan_for(command: str, config: Any) -> tuple[MemoryPlan, str, int | None]:
     if command == "rl":
         rows, _, _ = load_rows(config.data, config.seed)
         prompt = longest_prompt(tokenizer, rows, config.data.prompt_column, config.seed)
-        plan = rl_plan(config, shape, prompt, _reward_model_shapes(config.rewards))
-    else:
-        formats = {"sft": ("prompt_completion", "conversational"), "rm": ("preference",), "dpo": ("preference",)}
-        rows, _, _ = load_rows(config.data, config.seed, formats[command])
-        plan = offline_plan(config, command, shape, longest_example(tokenizer, rows, config.seed))
-    device, available = device_memory(resolve_device(config.device))
-    return plan, device, available
+        return PlanInputs(command, shape, prompt, tuple(_reward_model_shapes(config.rewards)))
+    formats = {"sft": ("prompt_completion", "conversational"), "rm": ("preference",), "dpo": ("preference",)}
+    rows, _, _ = load_rows(config.data, config.seed, formats[command])
+    return PlanInputs(command, shape, longest_example(tokenizer, rows, config.seed))
 
 
-def announce_plan(command: str, config: Any) -> MemoryPlan:
-    """Print the run's memory plan and refuse a run whose peak cannot fit (``--plan`` stops here)."""
+def make_plan(inputs: PlanInputs, config: Any) -> MemoryPlan:
+    if inputs.command == "rl":
+        return rl_plan(config, inputs.shape, inputs.length, inputs.reward_models)
+    return offline_plan(config, inputs.command, inputs.shape, inputs.length)
+
+
+def plan_for(command: str, config: Any) -> tuple[MemoryPlan, str, int | None]:
+    """The memory plan of ``posttrain <command>`` with ``config``, the device's name and its memory."""
+    from posttrain.devices import resolve_device
+
+    device, available = device_memory(resolve_device(config.device), config.memory_gib)
+    return make_plan(plan_inputs(command, config), config), device, available
+
+
+def announce_plan(command: str, config: Any, *, echo: bool = True) -> Any:
+    """The run's config with its micro-batch budget resolved (micro_batch_budget.py); prints the
+    memory plan (``echo``: rank 0) and refuses a run whose peak cannot fit (``--plan`` stops here)."""
+    from posttrain.devices import resolve_device
+    from posttrain.train.micro_batch_budget import budget_line, resolve_budget
     from posttrain.train.out_of_memory import REMEDIES
 
-    plan, device, available = plan_for(command, config)
-    print("\n".join([f"[{command}] memory plan (estimated from the shapes):", *plan_lines(plan, device, available)]))
+    where = resolve_device(config.device)
+    device, available = device_memory(where, config.memory_gib)
+    inputs = plan_inputs(command, config)
+    config, origin = resolve_budget(inputs, config, available, where.type == "cpu")
+    plan = make_plan(inputs, config)
+    if echo:
+        sizing = budget_line(inputs, config, origin)
+        lines = plan_lines(plan, device, available)
+        print("\n".join([f"[{command}] memory plan (estimated from the shapes):", *lines, *filter(None, [sizing])]))
     stage = STAGE_OF_PHASE.get(plan.peak_phase.name, plan.peak_phase.name)
     check_fits(plan, device, available, REMEDIES.get(stage, "the batch sizes"))
-    return plan
+    return config
 
 
 STAGE_OF_PHASE = {"values": "log-probs", "critic update": "update"}  # phases named as the run's stages

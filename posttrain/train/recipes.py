@@ -140,6 +140,7 @@ def _device(config: LoopConfig) -> torch.device:
     device = resolve_device(config.device)
     ranks = join(device)
     ranks.share(range(config.batch_size))  # refused here, before loading, when it does not divide
+    ranks.same_everywhere(config.micro_batch_tokens, "micro_batch_tokens")
     note_strategy(config.strategy)
     if config.strategy == "fsdp2" and getattr(getattr(config, "model", None), "lora", None) is not None:
         raise ConfigError(

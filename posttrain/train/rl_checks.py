@@ -142,6 +142,7 @@ def check_before_loading(config: RLRun, *, model_given: bool) -> None:
     rewards follow, still before it): the run folder and resume point (run_dir.py), the metric
     sinks, the device, the model folder, a recording to replay."""
     ranks = join(resolve_device(config.device))  # torchrun's process group, when started by it
+    ranks.same_everywhere(config.micro_batch_tokens, "micro_batch_tokens")
     ranks.share(range(config.prompts_per_step), "prompts_per_step")  # whole groups per rank, or refused
     note_strategy(config.strategy)
     check_placement(config, ranks.device(resolve_device(config.device)), ranks.size)

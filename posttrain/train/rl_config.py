@@ -278,6 +278,11 @@ class RLRun(RunOptions, OptimizerOptions):
     every training pass: π_old and reference log-probs, the critic's values and the updates.
     Generation is the engine's: sampling runs the whole rollout batch, and ReMax's greedy
     baseline, one completion per prompt, is a smaller batch than that."""
+    micro_batch_tokens: int | None = Field(None, ge=1)
+    """Tokens per forward/backward pass (samples × the micro-batch's longest, padding included),
+    as a bound beside micro_batch_size. With neither set, ``posttrain rl`` derives it from the
+    memory plan and the device's memory (``--plan`` shows it), writes it into the run's
+    config.yaml and checkpoints, and a resumed run takes the recorded value."""
     ppo_epochs: int = Field(1, ge=1)
     """Passes over each rollout batch."""
     max_new_tokens: int = Field(16, ge=1)

@@ -33,6 +33,7 @@ from posttrain.errors import TrainingDiverged
 from posttrain.models.logprobs import response_logprobs, shared_prompt_logprobs
 from posttrain.rewards import RewardFunctionError
 from posttrain.rollout.batch import RolloutBatch, concat
+from posttrain.train.micro_batches import micro_batch_bounds
 from posttrain.train.rl_config import RLRun
 
 
@@ -289,11 +290,14 @@ class BatchPreparer:
         return torch.cat(parts[:real]).cpu()  # the batch stays on the CPU between stages (devices.py)
 
     def _chunks(self, model: nn.Module, batch: RolloutBatch) -> tuple[list[RolloutBatch], int]:
-        """(chunks of ``micro_batch_size`` samples, how many are real): a sharded model's ranks all
-        run as many forward passes as the busiest (each is a collective), the others repeating
-        their first chunk, whose results are dropped."""
-        size = self.config.micro_batch_size or len(batch)
-        chunks = [batch.select(torch.arange(s, min(s + size, len(batch)))) for s in range(0, len(batch), size)]
+        """(chunks within ``micro_batch_size`` samples and ``micro_batch_tokens`` tokens, how many
+        are real): a sharded model's ranks all run as many forward passes as the busiest (each is
+        a collective), the others repeating their first chunk, whose results are dropped."""
+        config, width = self.config, batch.prompt_ids.shape[1] + batch.response_ids.shape[1]
+        # every chunk keeps the batch's width (the parts are joined), so that is each sample's cost
+        full = [width] * len(batch)
+        bounds = micro_batch_bounds(full, [0] * len(batch), config.micro_batch_size, config.micro_batch_tokens)
+        chunks = [batch.select(torch.arange(start, end)) for start, end in bounds]
         rounds = self.ranks.most(len(chunks)) if is_sharded(model) else len(chunks)
         return chunks + [chunks[0]] * (rounds - len(chunks)), len(chunks)
 

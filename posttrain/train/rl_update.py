@@ -29,6 +29,7 @@ from posttrain.devices import compute_precision, model_device
 from posttrain.distributed import is_sharded, world
 from posttrain.errors import TrainingDiverged
 from posttrain.rollout.batch import RolloutBatch
+from posttrain.train.micro_batches import micro_batch_bounds
 from posttrain.train.rl_config import RLRun
 from posttrain.train.rl_prepare import anchors_on_engine, minibatch_size, sequence_logprobs, several_updates
 from posttrain.train.schedule import lr_multiplier
@@ -109,17 +110,15 @@ class PolicyUpdate:
         trained = self._samples_with_gradient(minibatch)
         trained_tokens = max(float(trained.loss_mask.sum()), 1.0)
         active_fraction = len(trained) / max(len(minibatch), 1)
-        size = self.config.micro_batch_size or len(minibatch)
         trained = self._share(trained, minibatch)
         sums: dict[str, float] = {"loss/total": 0.0, "loss/policy": 0.0}
-        starts = list(range(0, len(trained), size))
-        for index in range(self.ranks.most(len(starts)) if self.sharded else len(starts)):
-            if index >= len(starts):  # a sharded model's passes are collectives: join with a zero-weight one
+        bounds = micro_batch_bounds(*trained.lengths(), self.config.micro_batch_size, self.config.micro_batch_tokens)
+        for index in range(self.ranks.most(len(bounds)) if self.sharded else len(bounds)):
+            if index >= len(bounds):  # a sharded model's passes are collectives: join with a zero-weight one
                 self._zero_pass(minibatch.select([0]).trimmed().to(self.device), aggregation, step)
                 continue
-            start = starts[index]
             # on the policy's device: its forward, the loss and the backward pass run there (devices.py)
-            micro = trained.select(torch.arange(start, min(start + size, len(trained)))).trimmed().to(self.device)
+            micro = trained.select(torch.arange(*bounds[index])).trimmed().to(self.device)
             share = float(micro.loss_mask.sum()) / trained_tokens
             micro_metrics = self._micro_backward(micro, aggregation, step)
             if self.critic is not None:

@@ -45,6 +45,10 @@ class RunOptions(Section):
     device: DeviceName = "auto"
     """Where the models compute: auto (the first CUDA GPU when one is visible, else the CPU), cpu,
     cuda, cuda:N or mps. RL's rollout batches stay on the CPU; each micro-batch moves there for its pass."""
+    memory_gib: float | None = Field(None, gt=0)
+    """Memory this run may count on, in GiB per process (default: the device's — a GPU's total, or
+    this machine's memory shared by its processes). The memory plan is checked against it and
+    the default micro-batch (micro_batch_tokens) is sized from it."""
     precision: Precision = "fp32"
     """fp32, or bf16: forward passes under bfloat16 autocast over float32 master weights and
     optimizer state, losses in float32 (needs model.dtype: float32). Generation keeps the

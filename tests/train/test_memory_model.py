@@ -120,11 +120,12 @@ def test_sft_plan_has_its_training_step_and_evaluation(tmp_path, capsys):
 def test_a_run_that_cannot_fit_is_refused_before_anything_loads(tmp_path, capsys):
     out = tmp_path / "run"
     args = [
-        "rl", "--config", "posttrain/demo_rl.yaml", "model.tiny.layers=1", f"output_dir={out}",
-        "prompts_per_step=1024", "max_new_tokens=2000",
+        "rl", "--config", "posttrain/demo_rl.yaml", "model.tiny.layers=8", f"output_dir={out}",
+        "prompts_per_step=1024", "max_new_tokens=2000", "memory_gib=16",
     ]  # fmt: skip
     assert main(args) == 2
     error = capsys.readouterr().err
-    assert "at its peak (the update)" in error and "micro_batch_size" in error
+    # the update's micro-batch is sized to fit; the KV cache of 8192 sequences of 2000 tokens cannot be
+    assert "at its peak (the generation)" in error and "prompts_per_step" in error
     assert "Traceback" not in error
     assert not out.exists()

@@ -1,0 +1,105 @@
+"""The default micro-batch: a token budget from the memory plan and the device's memory.
+
+With neither ``micro_batch_size`` nor ``micro_batch_tokens`` set (nor, for SFT, RM and DPO,
+``gradient_accumulation`` above 1), a command sizes its passes itself: the largest power of two
+of tokens, from the whole minibatch down to ``MIN_TOKENS``, whose planned peak stays within
+``HEADROOM`` of the memory one process may count on (``memory_gib``, a GPU's, or this machine's
+shared by its processes; plan.py), less a fixed ``CPU_RESERVE`` on the CPU. Only quantities
+every rank has alike enter it (the config, the shapes, the data, the device's total memory), so
+every rank derives the same budget, and the run checks that they do (``World.same_everywhere``).
+
+The budget is written into the resolved config, so it is in the run's config.yaml and in every
+checkpoint's; a resumed run takes the value its checkpoint recorded and never derives it again,
+even where memory differs, so it cuts its passes as the straight run did.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from posttrain.train.memory_model import MemoryPlan
+from posttrain.train.plan import PlanInputs, make_plan, micro_rows
+
+MIN_TOKENS = 256  # below this a pass is mostly overhead; a plan that needs less is refused instead
+HEADROOM = 0.8  # of the device's memory: allocator fragmentation and what the plan does not count
+CPU_RESERVE = 2**30  # the interpreter, libraries and the system, on the CPU
+
+
+def needs_budget(command: str, config: Any) -> bool:
+    """Whether the command sizes its passes itself: no bound set by the user."""
+    if getattr(config, "micro_batch_tokens", None) is not None:
+        return False
+    if command == "rl":
+        return config.micro_batch_size is None
+    return config.gradient_accumulation == 1
+
+
+def whole_tokens(inputs: PlanInputs, config: Any) -> int:
+    """Tokens of one pass over the whole minibatch (the most any budget can use)."""
+    if inputs.command == "rl":
+        from posttrain.train.rl_prepare import minibatch_size
+
+        return minibatch_size(config) * (inputs.length + config.max_new_tokens)
+    pair = 2 if inputs.command in ("rm", "dpo") else 1
+    return config.batch_size * pair * inputs.length
+
+
+def derive_budget(inputs: PlanInputs, config: Any, available: int, cpu: bool) -> int:
+    """The largest power-of-two token budget, at most the whole minibatch's, whose planned peak
+    (the process itself left out: not the same on every rank) fits the device."""
+    target = available * HEADROOM - (CPU_RESERVE if cpu else 0)
+    budget = MIN_TOKENS
+    while budget < whole_tokens(inputs, config):
+        budget *= 2
+    while budget > MIN_TOKENS and _peak(inputs, config, budget) > target:
+        budget //= 2
+    return budget
+
+
+def _peak(inputs: PlanInputs, config: Any, budget: int) -> int:
+    plan: MemoryPlan = make_plan(inputs, config.model_copy(update={"micro_batch_tokens": budget}))
+    return plan.peak - plan.runtime
+
+
+def recorded_budget(config: Any) -> tuple[bool, int | None]:
+    """(whether the run resumes from a checkpoint, the ``micro_batch_tokens`` its config.yaml
+    recorded: None where it had none, e.g. a checkpoint written before this option)."""
+    from posttrain.config import load_yaml
+    from posttrain.train.run_dir import start_point
+
+    if config.resume == "none":
+        return False, None
+    checkpoint = start_point(config.output_dir, config.resume, config.overwrite, None).checkpoint
+    if checkpoint is None:
+        return False, None
+    saved = Path(checkpoint) / "config.yaml"
+    values = load_yaml(saved.read_text(encoding="utf-8")) if saved.is_file() else None
+    return True, (values or {}).get("micro_batch_tokens") if isinstance(values, dict) else None
+
+
+def resolve_budget(inputs: PlanInputs, config: Any, available: int | None, cpu: bool) -> tuple[Any, str | None]:
+    """``config`` with ``micro_batch_tokens`` filled in where the command sizes its passes, and
+    where the value comes from ("derived", "recorded"), or None when the user set the bounds."""
+    if not needs_budget(inputs.command, config):
+        return config, None
+    resumes, recorded = recorded_budget(config)
+    if resumes:
+        return config.model_copy(update={"micro_batch_tokens": recorded}), "recorded"
+    if available is None:
+        return config, None
+    return config.model_copy(update={"micro_batch_tokens": derive_budget(inputs, config, available, cpu)}), "derived"
+
+
+def budget_line(inputs: PlanInputs, config: Any, origin: str | None) -> str | None:
+    """How the passes are sized, for the plan's printout."""
+    tokens = config.micro_batch_tokens
+    if origin is None or tokens is None:
+        return None
+    where = "recorded in the checkpoint" if origin == "recorded" else "derived from the device's memory"
+    if inputs.command == "rl":
+        from posttrain.train.rl_prepare import minibatch_size
+
+        rows = micro_rows(config, minibatch_size(config), inputs.length + config.max_new_tokens)
+        return f"  micro-batch  {tokens} tokens ({where}; about {rows} samples of the longest): micro_batch_tokens"
+    return f"  micro-batch  {tokens} tokens ({where}): micro_batch_tokens"
