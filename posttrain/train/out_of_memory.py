@@ -26,17 +26,18 @@ from posttrain.train.checkpoint import latest_checkpoint
 SETTINGS = {
     "generation": ("prompts_per_step", "samples_per_prompt", "max_new_tokens"),
     "evaluation": ("eval_batch_size", "max_new_tokens"),
-    "log-probs": ("micro_batch_size",),
-    "update": ("micro_batch_size", "model.gradient_checkpointing"),
-    "training step": ("batch_size", "gradient_accumulation", "model.gradient_checkpointing"),
+    "log-probs": ("micro_batch_tokens", "micro_batch_size"),
+    "update": ("micro_batch_tokens", "micro_batch_size", "model.gradient_checkpointing"),
+    "training step": ("micro_batch_tokens", "batch_size", "gradient_accumulation", "model.gradient_checkpointing"),
 }
 REMEDIES = {
     "generation": "prompts_per_step, samples_per_prompt or max_new_tokens",
     "evaluation": "eval_batch_size (held-out sequences generated at once) or max_new_tokens",
-    "log-probs": "micro_batch_size (samples per forward pass)",
-    "update": "micro_batch_size (samples per forward/backward pass; unset is the whole minibatch), "
+    "log-probs": "micro_batch_tokens (tokens per forward pass) or micro_batch_size (samples per pass)",
+    "update": "micro_batch_tokens (tokens per forward/backward pass) or micro_batch_size (samples per pass), "
     "or set model.gradient_checkpointing: true, or train LoRA adapters (model.lora.r)",
-    "training step": "batch_size, or raise gradient_accumulation (the same batch in smaller passes), "
+    "training step": "micro_batch_tokens (tokens per pass) or batch_size, or raise gradient_accumulation "
+    "(the same batch in smaller passes), "
     "or set model.gradient_checkpointing: true",
 }
 

@@ -3,6 +3,8 @@ the peak seen, the keys that lower it, and where the run continues from — and 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -40,7 +42,11 @@ def test_an_update_that_runs_out_of_memory_names_the_stage_and_the_run_resumes(t
     err = message(capsys)
     assert err.startswith("posttrain rl: ran out of memory in the update of step 2 (peak ")
     assert (
-        "It ran with micro_batch_size unset, model.gradient_checkpointing false: lower micro_batch_size" in err
+        re.search(
+            r"It ran with micro_batch_tokens \d+, micro_batch_size unset, model.gradient_checkpointing false: "
+            r"lower micro_batch_tokens",
+            err,
+        )
         and "model.gradient_checkpointing" in err
     )
     assert f"The last checkpoint, {out / 'checkpoints' / 'step-1'}, is intact: --resume auto" in err
@@ -60,7 +66,7 @@ def test_an_update_that_runs_out_of_memory_names_the_stage_and_the_run_resumes(t
         (
             "prepare",
             "in the log-probs of step 1",
-            "micro_batch_size unset: lower micro_batch_size (samples per forward pass)",
+            "micro_batch_size unset: lower micro_batch_tokens (tokens per forward pass) or micro_batch_size",
         ),
     ],
 )
@@ -84,7 +90,11 @@ def test_an_offline_step_that_runs_out_of_memory_says_what_to_lower(tmp_path, ca
     assert main([*args, f"output_dir={tmp_path / 'sft'}"]) == 2
     err = message(capsys)
     assert err.startswith("posttrain sft: ran out of memory in the training step of step 1")
-    assert "batch_size 8, gradient_accumulation 1, model.gradient_checkpointing false: lower batch_size" in err
+    assert re.search(
+        r"micro_batch_tokens \d+, batch_size 8, gradient_accumulation 1, model.gradient_checkpointing false: "
+        r"lower micro_batch_tokens \(tokens per pass\) or batch_size",
+        err,
+    )
 
 
 def test_other_errors_are_not_taken_for_out_of_memory(tmp_path, monkeypatch):
