@@ -83,7 +83,14 @@ CASES: dict[str, tuple[str, str | None, list[str]]] = {
     "smollm2_lora_sft": (
         "sft",
         "configs/smollm2_arithmetic_sft.yaml",
-        [f"model.path={SMOLLM2}", "data.path=null", "data.task=reverse", "data.n_train=64", "data.n_eval=0"],
+        [
+            f"model.path={SMOLLM2}",
+            "data.path=null",
+            "data.task=reverse",
+            "data.n_train=64",
+            "data.n_eval=9",
+            "eval_size=0",
+        ],
     ),
 }
 
@@ -123,7 +130,7 @@ def run_case(name: str) -> dict:
 
     from posttrain.config import load_config
     from posttrain.train import recipes
-    from posttrain.train.plan import plan_for
+    from posttrain.train.plan import announce_plan, plan_for
 
     command, path, overrides = CASES[name]
     out = tempfile.mkdtemp(prefix=f"memplan-{name}-")
@@ -137,6 +144,7 @@ def run_case(name: str) -> dict:
         classes = {"sft": (recipes.SFTRun, recipes.run_sft), "dpo": (recipes.DPORun, recipes.run_dpo)}
         cls, runner = classes[command]
         config = load_config(cls, path, overrides)
+    config = announce_plan(command, config, echo=False)  # the micro-batch budget, as the command sizes it
     plan, _, _ = plan_for(command, config)
     sampler = Sampler()
     sampler.start()
@@ -159,6 +167,7 @@ def run_case(name: str) -> dict:
         "ratio": round(plan.peak / measured, 3),
         "runtime_mib": round(plan.runtime / 2**20),
         "resident_mib": round(plan.resident.total / 2**20),
+        "micro_batch_tokens": getattr(config, "micro_batch_tokens", None),
         "before_first_stage_mib": round((sampler.before or 0) / 2**20),
         "stages": stages,
         "plan": {phase.name: {k: round(v / 2**20) for k, v in phase.parts.items()} for phase in plan.phases},

@@ -8,7 +8,8 @@ The default compares the ways SmolLM2-135M's LoRA GRPO step can store activation
 - ``checkpointed``: gradient checkpointing, 8 samples per micro-batch (the full forward: a
   checkpointed model keeps no KV cache, so each sample re-encodes its prompt);
 - ``one_group``: no checkpointing, one group (4 samples) per micro-batch, its prompt encoded once;
-- ``two_groups``: no checkpointing, 8 samples per micro-batch.
+- ``two_groups``: no checkpointing, 8 samples per micro-batch;
+- ``derived``: no checkpointing, no bound set: ``micro_batch_tokens`` derived from the memory plan.
 
 Dynamic sampling is off in every variant: it changes how many rounds a step generates, not the update.
 
@@ -32,6 +33,8 @@ VARIANTS = {
     "checkpointed": ["model.gradient_checkpointing=true", "micro_batch_size=8"],
     "one_group": ["model.gradient_checkpointing=false", "micro_batch_size=4"],
     "two_groups": ["model.gradient_checkpointing=false", "micro_batch_size=8"],
+    # no bound set: the passes are sized by the memory plan (train/micro_batch_budget.py)
+    "derived": ["model.gradient_checkpointing=false", "micro_batch_size=null"],
 }
 MEASURE = (
     "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "

@@ -1,8 +1,8 @@
 """The default micro-batch: a token budget from the memory plan and the device's memory.
 
 With neither ``micro_batch_size`` nor ``micro_batch_tokens`` set (nor, for SFT, RM and DPO,
-``gradient_accumulation`` above 1), a command sizes its passes itself: the largest power of two
-of tokens, from the whole minibatch down to ``MIN_TOKENS``, whose planned peak stays within
+``gradient_accumulation`` above 1), a command sizes its passes itself: the largest multiple of
+``QUANTUM`` tokens, from the whole minibatch down, whose planned peak stays within
 ``HEADROOM`` of the memory one process may count on (``memory_gib``, a GPU's, or this machine's
 shared by its processes; plan.py), less a fixed ``CPU_RESERVE`` on the CPU. Only quantities
 every rank has alike enter it (the config, the shapes, the data, the device's total memory), so
@@ -21,9 +21,15 @@ from typing import Any
 from posttrain.train.memory_model import MemoryPlan
 from posttrain.train.plan import PlanInputs, make_plan, micro_rows
 
-MIN_TOKENS = 256  # below this a pass is mostly overhead; a plan that needs less is refused instead
+QUANTUM = 256  # tokens: budgets are multiples of it (the smallest one too: a plan needing less is refused)
 HEADROOM = 0.8  # of the device's memory: allocator fragmentation and what the plan does not count
 CPU_RESERVE = 2**30  # the interpreter, libraries and the system, on the CPU
+# On the CPU a larger pass runs no faster once its tensors are far beyond the caches, and costs
+# memory: SmolLM2-135M's LoRA GRPO update took 0.62× the time with 8 samples a pass against 0.44×
+# with 4, and 1.07× that with 2 (benchmarks/rl_step_profile.py; the plan: 1.4 GiB for 4 samples).
+# So a pass is also kept within this many planned bytes.
+CPU_PASS_BYTES = 3 * 2**29
+TRAINING_PHASES = ("update", "critic update", "training step", "log-probs", "values")
 
 
 def needs_budget(command: str, config: Any) -> bool:
@@ -46,20 +52,30 @@ def whole_tokens(inputs: PlanInputs, config: Any) -> int:
 
 
 def derive_budget(inputs: PlanInputs, config: Any, available: int, cpu: bool) -> int:
-    """The largest power-of-two token budget, at most the whole minibatch's, whose planned peak
-    (the process itself left out: not the same on every rank) fits the device."""
+    """The largest multiple of ``QUANTUM`` tokens, at most the whole minibatch's (rounded up),
+    whose planned peak (the process itself left out: not the same on every rank) fits the
+    device — and on the CPU whose training passes stay within ``CPU_PASS_BYTES``. The plan grows
+    with the budget, so the largest is found by bisection."""
     target = available * HEADROOM - (CPU_RESERVE if cpu else 0)
-    budget = MIN_TOKENS
-    while budget < whole_tokens(inputs, config):
-        budget *= 2
-    while budget > MIN_TOKENS and _peak(inputs, config, budget) > target:
-        budget //= 2
-    return budget
+    low, high = 1, max(1, -(-whole_tokens(inputs, config) // QUANTUM))  # in quanta; low always taken
+    while low < high:
+        middle = (low + high + 1) // 2
+        if _fits(make_plan(inputs, _sized(config, middle * QUANTUM)), target, cpu):
+            low = middle
+        else:
+            high = middle - 1
+    return low * QUANTUM
 
 
-def _peak(inputs: PlanInputs, config: Any, budget: int) -> int:
-    plan: MemoryPlan = make_plan(inputs, config.model_copy(update={"micro_batch_tokens": budget}))
-    return plan.peak - plan.runtime
+def _sized(config: Any, budget: int) -> Any:
+    return config.model_copy(update={"micro_batch_tokens": budget})
+
+
+def _fits(plan: MemoryPlan, target: float, cpu: bool) -> bool:
+    if plan.peak - plan.runtime > target:
+        return False
+    training = [phase.total for phase in plan.phases if phase.name in TRAINING_PHASES]
+    return not cpu or max(training, default=0) <= CPU_PASS_BYTES
 
 
 def recorded_budget(config: Any) -> tuple[bool, int | None]:
@@ -101,5 +117,5 @@ def budget_line(inputs: PlanInputs, config: Any, origin: str | None) -> str | No
         from posttrain.train.rl_prepare import minibatch_size
 
         rows = micro_rows(config, minibatch_size(config), inputs.length + config.max_new_tokens)
-        return f"  micro-batch  {tokens} tokens ({where}; about {rows} samples of the longest): micro_batch_tokens"
-    return f"  micro-batch  {tokens} tokens ({where}): micro_batch_tokens"
+        where += f"; about {rows} samples of the longest"
+    return f"  {'micro-batch':<13} {tokens} tokens ({where}): micro_batch_tokens"

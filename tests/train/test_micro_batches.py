@@ -29,14 +29,14 @@ CUT = 512  # tokens: the minibatch (32 samples of up to 35 + 8 tokens) takes sev
 
 def memory_for(budget: int) -> float:
     """A ``memory_gib`` from which the plan derives ``budget``: between its peaks at ``budget`` and
-    at twice that, put back into the units the derivation compares (micro_batch_budget.py)."""
-    from posttrain.train.micro_batch_budget import CPU_RESERVE, HEADROOM
+    at the next budget up, put back into the units the derivation compares (micro_batch_budget.py)."""
+    from posttrain.train.micro_batch_budget import CPU_RESERVE, HEADROOM, QUANTUM
     from posttrain.train.plan import make_plan, plan_inputs
     from posttrain.train.rl_config import load_rl_config
 
     config = load_rl_config(None, [*RL[1:], "output_dir=unused"])
     inputs = plan_inputs("rl", config)
-    peaks = [make_plan(inputs, config.model_copy(update={"micro_batch_tokens": b})) for b in (budget, 2 * budget)]
+    peaks = [make_plan(inputs, config.model_copy(update={"micro_batch_tokens": b})) for b in (budget, budget + QUANTUM)]
     target = sum(plan.peak - plan.runtime for plan in peaks) / 2
     return (target + CPU_RESERVE) / HEADROOM / 2**30
 
