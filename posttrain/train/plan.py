@@ -241,7 +241,7 @@ def offline_plan(config: Any, command: str, shape: ModelShape, example_tokens: i
     return MemoryPlan(resident, phases, _runtime(config), _transient_factor(config))
 
 
-CPU_TRANSIENT_FACTOR = 1.3  # measured: benchmarks/memory_plan.py's CPU cases need 1.15–1.5 (median 1.4)
+CPU_TRANSIENT_FACTOR = 1.5  # measured: benchmarks/memory_plan.py's CPU cases need 1.15 (tiny models) to 1.7 (SmolLM2)
 
 
 def _on_cpu(config: Any) -> bool:
