@@ -140,7 +140,7 @@ def rl_plan(config: Any, shape: ModelShape, prompt_tokens: int, reward_models: S
     from posttrain.train.rl_prepare import anchors_on_engine, minibatch_size, recompute_old_logprobs
 
     p, a = DTYPE_BYTES[config.model.dtype], _activation_bytes(config)
-    engine = 2 if a == 2 and config.device != "cpu" else p
+    engine = 2 if a == 2 and not _on_cpu(config) else p  # bf16 copies on an accelerator (rl_sources.py)
     lora = config.model.lora is not None
     resident = _resident(config, shape, reference=config.algorithm.kl.needs_reference)
     if config.algorithm.critic is not None:  # a copy of the body with a scalar head, trained in full
