@@ -343,6 +343,7 @@ def announce_plan(command: str, config: Any, *, echo: bool = True) -> Any:
     from posttrain.train.out_of_memory import REMEDIES
 
     where = resolve_device(config.device)
+    _check_before_data(command, config)
     device, available = device_memory(where, config.memory_gib)
     inputs = plan_inputs(command, config)
     config, origin = resolve_budget(inputs, config, available, where.type == "cpu")
@@ -354,6 +355,19 @@ def announce_plan(command: str, config: Any, *, echo: bool = True) -> Any:
     stage = STAGE_OF_PHASE.get(plan.peak_phase.name, plan.peak_phase.name)
     check_fits(plan, device, available, REMEDIES.get(stage, "the batch sizes"))
     return config
+
+
+def _check_before_data(command: str, config: Any) -> None:
+    """What the run itself checks before it reads the data, so that its first error stays the
+    same: the run folder, the metric sinks, the model folder (and, in RL, a recording, the environment)."""
+    if command == "rl":
+        from posttrain.train.rl_checks import check_settings
+
+        check_settings(config)
+    else:
+        from posttrain.train.recipes import check_run_dir
+
+        check_run_dir(config)
 
 
 STAGE_OF_PHASE = {"values": "log-probs", "critic update": "update"}  # phases named as the run's stages

@@ -146,6 +146,14 @@ def check_before_loading(config: RLRun, *, model_given: bool) -> None:
     ranks.share(range(config.prompts_per_step), "prompts_per_step")  # whole groups per rank, or refused
     note_strategy(config.strategy)
     check_placement(config, ranks.device(resolve_device(config.device)), ranks.size)
+    check_settings(config, model_given=model_given)
+
+
+def check_settings(config: RLRun, *, model_given: bool = False) -> None:
+    """The checks that read no data and need no process group, in the order a run makes them (the
+    memory plan makes them too before it reads the data, so a run's first error is the same with or
+    without it): the run folder and resume point, the metric sinks, the model folder, a recording
+    to replay, the environment."""
     start_point(config.output_dir, config.resume, config.overwrite, dump_config(config), config.steps)
     check_report_to(config.report_to)
     if not model_given:
