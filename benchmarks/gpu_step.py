@@ -14,6 +14,9 @@
 * ``grpo``: a realistic GRPO step (64 prompts × 8 samples × up to 128 tokens, precision bf16,
   full fine-tuning) with graphs and without: step time, generation's share, the update's
   throughput as a share of the card's peak bf16 FLOP/s (6·N per generated token: a lower bound).
+* ``memory``: the same step in float32 with no micro-batch bound, full fine-tuning and LoRA r16,
+  sized as ``posttrain rl`` sizes it (the memory plan's derived ``micro_batch_tokens``): the
+  plan's peak against the peak allocated on the card, step and update time.
 * ``step_profile``: the top operators of a 2-step GRPO run by own device (and CPU) time — where
   the update's time goes.
 * ``demo``: ``posttrain demo``'s wall time and closing lines, its RL stage with graphs and
@@ -236,20 +239,55 @@ def grpo_model(args: argparse.Namespace) -> tuple[Path, int]:
     return folder / "model", sum(p.numel() for p in model.parameters())
 
 
-def grpo_run(args: argparse.Namespace, device: torch.device, model: Path, graphs: bool, steps: int) -> list[dict]:
-    """The realistic GRPO step's run (a reward with spread even for a random model); its history."""
-    from posttrain.train.rl import OnlineRL
+def grpo_config(args: argparse.Namespace, device: torch.device, model: Path, graphs: bool, steps: int, *extra: str):
+    """The realistic GRPO step's config (a reward with spread even for a random model)."""
     from posttrain.train.rl_config import load_rl_config
 
     micro = min(64, 8 * args.prompts)  # samples per forward/backward pass
-    out = model.parent / f"graphs-{graphs}-{steps}"
+    out = model.parent / f"graphs-{graphs}-{steps}-{len(extra)}"
     overrides = [f"model.path={model}", "data.task=reverse", "data.n_train=2048", "data.n_eval=9",
                  "eval_size=0", "algorithm=grpo", f"steps={steps}", f"prompts_per_step={args.prompts}",
                  "samples_per_prompt=8", f"max_new_tokens={args.new_tokens}", f"micro_batch_size={micro}",
                  "rewards=[gpu_step:letter_share]", "sampling.stop=[]", "reward_workers=0", "preflight=false",
                  "log_every=1000", f"device={device}", f"precision={args.precision}", "report_to=[]",
-                 f"rollout.cuda_graphs={str(graphs).lower()}", f"output_dir={out}"]  # fmt: skip
-    return OnlineRL(load_rl_config(None, overrides), echo=lambda line: None).run()
+                 f"rollout.cuda_graphs={str(graphs).lower()}", f"output_dir={out}", *extra]  # fmt: skip
+    return load_rl_config(None, overrides)
+
+
+def grpo_run(args: argparse.Namespace, device: torch.device, model: Path, graphs: bool, steps: int) -> list[dict]:
+    """The realistic GRPO step's run; its history."""
+    from posttrain.train.rl import OnlineRL
+
+    return OnlineRL(grpo_config(args, device, model, graphs, steps), echo=lambda line: None).run()
+
+
+def case_memory(args: argparse.Namespace, device: torch.device) -> None:
+    """The GRPO step in float32 with no micro-batch bound, full fine-tuning and LoRA r16, sized as
+    ``posttrain rl`` sizes it (the memory plan's derived ``micro_batch_tokens``): the planned peak
+    against the peak allocated on the card (on the CPU: the process's peak RSS so far)."""
+    import resource
+
+    from posttrain.train.plan import announce_plan, plan_for
+    from posttrain.train.rl import OnlineRL
+
+    model, _ = grpo_model(args)
+    for lora in (False, True):
+        extra = ["precision=fp32", "micro_batch_size=null", *(["model.lora={r: 16, alpha: 32}"] if lora else [])]
+        config = announce_plan("rl", grpo_config(args, device, model, True, args.grpo_steps, *extra), echo=False)
+        plan, _, available = plan_for("rl", config)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        timed = OnlineRL(config, echo=lambda line: None).run()[1:]
+        if device.type == "cuda":
+            measured = torch.cuda.max_memory_allocated(device)
+        else:
+            measured = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        emit("memory", lora=lora, micro_batch_tokens=config.micro_batch_tokens,
+             planned_peak_gib=round(plan.peak / 2**30, 2), measured_peak_gib=round(measured / 2**30, 2),
+             planned_over_measured=round(plan.peak / measured, 3), device_gib=round((available or 0) / 2**30, 1),
+             step_s=round(statistics.median(h["time/step_s"] for h in timed), 3),
+             update_s=round(statistics.median(h["time/train_s"] for h in timed), 3))  # fmt: skip
 
 
 def case_grpo(args: argparse.Namespace, device: torch.device, flops: float | None) -> None:
@@ -306,7 +344,7 @@ def case_demo(args: argparse.Namespace, graphs: bool) -> None:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    choices = ["check", "engine", "profile", "grpo", "step_profile"]
+    choices = ["check", "engine", "profile", "grpo", "step_profile", "memory"]
     parser.add_argument("--cases", nargs="+", default=["check", "engine", "grpo"], choices=choices)
     parser.add_argument("--demo", action="store_true", help="also time `posttrain demo`, with graphs and without")
     parser.add_argument("--tokenizer", default=None, help="a tokenizer folder for the GRPO step (SmolLM2's)")
@@ -330,7 +368,8 @@ def main() -> int:
     emit("device", name=name, torch=torch.__version__)
     cases = {"check": lambda: case_checks(args, device), "engine": lambda: case_engine(args, device, bandwidth),
              "profile": lambda: case_profile(args, device), "grpo": lambda: case_grpo(args, device, flops),
-             "step_profile": lambda: case_step_profile(args, device)}  # fmt: skip
+             "step_profile": lambda: case_step_profile(args, device),
+             "memory": lambda: case_memory(args, device)}  # fmt: skip
     if args.demo:
         cases["demo"] = lambda: case_demo(args, graphs=True)
         cases["demo_baseline"] = lambda: case_demo(args, graphs=False)

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_gpu_step_checks_pass_on_the_cpu(tmp_path):
     output = tmp_path / "lines.jsonl"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, str(ROOT / "benchmarks/gpu_step.py"), "--device", "cpu", "--cases", "check", "grpo"]
+    script = str(ROOT / "benchmarks/gpu_step.py")
+    command = [sys.executable, script, "--device", "cpu", "--cases", "check", "grpo", "memory"]
     run = subprocess.run([*command, "--output", str(output)], capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     lines = [json.loads(line) for line in output.read_text().splitlines()]
@@ -23,3 +24,5 @@ def test_gpu_step_checks_pass_on_the_cpu(tmp_path):
     assert len(checks) == 7 and all(checks.values()), checks
     steps = [line for line in lines if line["case"] == "grpo"]
     assert [s["graphs"] for s in steps] == [False, True] and all(s["step_s"] > 0 for s in steps)
+    sized = [line for line in lines if line["case"] == "memory"]  # full fine-tuning, then LoRA
+    assert [s["lora"] for s in sized] == [False, True] and all(s["micro_batch_tokens"] for s in sized)
