@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from posttrain.config import ConfigError
 from posttrain.train.memory_model import MemoryPlan
 from posttrain.train.plan import PlanInputs, make_plan, micro_rows
 
@@ -91,7 +92,13 @@ def recorded_budget(config: Any) -> tuple[bool, int | None]:
         return False, None
     saved = Path(checkpoint) / "config.yaml"
     values = load_yaml(saved.read_text(encoding="utf-8")) if saved.is_file() else None
-    return True, (values or {}).get("micro_batch_tokens") if isinstance(values, dict) else None
+    value = values.get("micro_batch_tokens") if isinstance(values, dict) else None
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError(  # a checkpoint is anyone's file: its value is checked as a config's would be
+            f"{saved}: micro_batch_tokens is {value!r}, not a positive whole number of tokens; set "
+            "micro_batch_tokens in the config to resume with your own value"
+        )
+    return True, value
 
 
 def resolve_budget(inputs: PlanInputs, config: Any, available: int | None, cpu: bool) -> tuple[Any, str | None]:

@@ -142,3 +142,25 @@ def test_two_ranks_derive_the_same_budget(tmp_path, capsys):
     done = posttrain([*RL, f"memory_gib={memory!r}", "steps=1", f"output_dir={tmp_path / 'two'}"], ranks=2)
     assert done.returncode == 0, done.stderr[-3000:]
     assert _recorded(tmp_path / "two") == CUT  # and each rank checked the others' (same_everywhere)
+
+
+def test_a_checkpoint_recording_a_bad_budget_is_one_message(tmp_path, capsys):
+    import hashlib
+
+    run = tmp_path / "run"
+    assert main([*RL, "steps=1", f"output_dir={run}"]) == 0
+    checkpoint = run / "checkpoints" / "step-1"
+    saved = checkpoint / "config.yaml"
+    text = re.sub(r"micro_batch_tokens: \d+", "micro_batch_tokens: lots", saved.read_text())
+    saved.write_text(text)
+    marker = checkpoint / "COMPLETE"  # a crafted checkpoint comes with a manifest that matches it
+    manifest = json.loads(marker.read_text())
+    manifest["files"]["config.yaml"] = {
+        "size": saved.stat().st_size,
+        "sha256": hashlib.sha256(saved.read_bytes()).hexdigest(),
+    }
+    marker.write_text(json.dumps(manifest))
+    capsys.readouterr()
+    assert main([*RL, "steps=2", f"output_dir={run}", "--resume", "auto"]) == 2
+    error = capsys.readouterr().err
+    assert "micro_batch_tokens is 'lots'" in error and "Traceback" not in error
