@@ -105,8 +105,10 @@ class Sampler(threading.Thread):
         self.current_stage, self.peaks, self.before, self.running = current_stage, {}, None, True
 
     def run(self) -> None:
+        from posttrain.memory import resident_bytes
+
         while self.running:
-            rss = _rss()
+            rss = resident_bytes()
             name = self.current_stage()
             if name is None and self.before is None:
                 self.baseline = rss
@@ -115,13 +117,6 @@ class Sampler(threading.Thread):
                     self.before = self.baseline
                 self.peaks[name] = max(self.peaks.get(name, 0), rss)
             time.sleep(0.005)
-
-
-def _rss() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def run_case(name: str) -> dict:

@@ -43,3 +43,16 @@ def peak_rss_gb() -> float:
     import resource
 
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now, in bytes (Linux's VmRSS; 0 where it cannot be read)."""
+    from pathlib import Path
+
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024  # reported in KiB
+    except OSError:
+        pass
+    return 0

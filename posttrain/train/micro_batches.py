@@ -46,9 +46,8 @@ def offline_passes(rows: int, longest: int, accumulation: int, max_tokens: int |
     ``rows`` of up to ``longest`` tokens need more to stay within ``max_tokens`` each."""
     if max_tokens is None or rows == 0:
         return min(accumulation, max(rows, 1))
-    needed = math.ceil(rows * longest / max_tokens)
-    per_pass = max(1, min(rows, max_tokens // max(longest, 1)))  # whole rows per pass
-    return min(rows, max(accumulation, needed, math.ceil(rows / per_pass)))
+    per_pass = max(1, max_tokens // max(longest, 1))  # whole rows per pass
+    return min(rows, max(accumulation, math.ceil(rows / per_pass)))
 
 
 def example_cost(example: object) -> tuple[int, int]:

@@ -256,15 +256,9 @@ def _transient_factor(config: Any) -> float:
 
 def _runtime(config: Any) -> int:
     """On the CPU, this process's resident memory now (what the peak adds to); on a GPU, 0."""
-    if not _on_cpu(config):
-        return 0
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    from posttrain.memory import resident_bytes
+
+    return resident_bytes() if _on_cpu(config) else 0
 
 
 def device_memory(device: torch.device, memory_gib: float | None = None) -> tuple[str, int | None]:
