@@ -319,7 +319,24 @@ def case_step_profile(args: argparse.Namespace, device: torch.device) -> None:
     events = trace.key_averages()
     for key in ("self_device_time_total", "self_cpu_time_total")[device.type != "cuda" :]:
         top = sorted(events, key=lambda e: getattr(e, key, 0), reverse=True)[:16]
-        emit("step_profile", by=key, top=[[e.key[:60], round(getattr(e, key, 0) / 1e3, 1), e.count] for e in top])
+        total = sum(getattr(e, key, 0) for e in events)
+        emit("step_profile", by=key, total_ms=round(total / 1e3, 1),
+             top=[[e.key[:60], round(getattr(e, key, 0) / 1e3, 1), e.count] for e in top])  # fmt: skip
+
+
+def case_host_profile(args: argparse.Namespace, device: torch.device) -> None:
+    """Where the host's time goes in a 3-step GRPO run (cProfile, graphs on): posttrain's functions
+    by cumulative time — what a step waits on when the card is idle."""
+    import cProfile
+    import pstats
+
+    model, _ = grpo_model(args)
+    profiler = cProfile.Profile()
+    profiler.runcall(grpo_run, args, device, model, True, 3)
+    stats = pstats.Stats(profiler).stats
+    own = [(f"{Path(f).name}:{line}:{name}"[:70], round(c[3], 2), c[1]) for (f, line, name), c in stats.items()
+           if "posttrain" in f or "transformers" in f or "torch/nn" in f]  # fmt: skip
+    emit("host_profile", top=sorted(own, key=lambda row: -row[1])[:40])
 
 
 def case_demo(args: argparse.Namespace, graphs: bool) -> None:
@@ -344,7 +361,7 @@ def case_demo(args: argparse.Namespace, graphs: bool) -> None:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    choices = ["check", "engine", "profile", "grpo", "step_profile", "memory"]
+    choices = ["check", "engine", "profile", "grpo", "step_profile", "host_profile", "memory"]
     parser.add_argument("--cases", nargs="+", default=["check", "engine", "grpo"], choices=choices)
     parser.add_argument("--demo", action="store_true", help="also time `posttrain demo`, with graphs and without")
     parser.add_argument("--tokenizer", default=None, help="a tokenizer folder for the GRPO step (SmolLM2's)")
@@ -369,6 +386,7 @@ def main() -> int:
     cases = {"check": lambda: case_checks(args, device), "engine": lambda: case_engine(args, device, bandwidth),
              "profile": lambda: case_profile(args, device), "grpo": lambda: case_grpo(args, device, flops),
              "step_profile": lambda: case_step_profile(args, device),
+             "host_profile": lambda: case_host_profile(args, device),
              "memory": lambda: case_memory(args, device)}  # fmt: skip
     if args.demo:
         cases["demo"] = lambda: case_demo(args, graphs=True)

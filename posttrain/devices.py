@@ -66,13 +66,24 @@ def resolve_device(name: str, key: str = "device") -> torch.device:
 
 @contextlib.contextmanager
 def compute_precision(precision: Precision, device: torch.device) -> Iterator[None]:
-    """The forward passes' precision: bf16 autocast on ``device`` (float32 weights stay float32),
-    or nothing for fp32."""
-    if precision == "fp32":
+    """The training forward passes' precision: bf16 autocast on ``device`` (float32 weights stay
+    float32), or nothing for fp32; on CUDA, attention by any kernel but cuDNN's.
+
+    cuDNN's attention builds a graph for every new shape (hundreds of milliseconds, cached by
+    shape), and a training pass's shapes change with each micro-batch's longest sequence: on one
+    H200 it was the largest host cost of a GRPO step (benchmarks/gpu_step.py ``step_profile``).
+    Flash and memory-efficient attention take any shape at no build cost."""
+    with contextlib.ExitStack() as stack:
+        if device.type == "cuda":
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            stack.enter_context(sdpa_kernel([getattr(SDPBackend, name) for name in TRAINING_ATTENTION]))
+        if precision == "bf16":
+            stack.enter_context(torch.autocast(device_type=device.type, dtype=torch.bfloat16))
         yield
-        return
-    with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
-        yield
+
+
+TRAINING_ATTENTION = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")  # torch's SDPBackend names, cuDNN's left out
 
 
 def model_device(model: torch.nn.Module) -> torch.device:

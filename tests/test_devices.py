@@ -57,6 +57,18 @@ def test_bf16_autocast_computes_in_bfloat16_on_the_cpu():
         assert layer(x).dtype == torch.float32
 
 
+def test_training_passes_on_cuda_never_pick_cudnn_attention():
+    """cuDNN's attention rebuilds a graph per shape (a training pass's shape changes each
+    micro-batch); the flags are read, not a GPU, so this holds on any machine."""
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    with compute_precision("fp32", torch.device("cuda")):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    with compute_precision("fp32", torch.device("cpu")):  # the CPU's own kernels: nothing to choose
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before
+
+
 def test_a_bf16_grpo_run_trains_in_mixed_precision_on_the_cpu(tmp_path):
     runs = {}
     for precision in ("fp32", "bf16"):

@@ -5,8 +5,11 @@ real vocabulary (~150k) a full ``[B, T, V]`` float32 log-softmax is the largest 
 training step, so it is computed chunk by chunk: per chunk of positions, one float32 upcast,
 one log-softmax and one gather. Under autograd each chunk is checkpointed (recomputed in the
 backward pass), so the backward pass holds one chunk's ``[rows, V]`` float32 tensors at a
-time too, not all of them. ``response_logprobs(..., lm_head_chunks=True)`` goes one step
-further and never builds the response's ``[B, T, V]`` logits at all.
+time too, not all of them. ``response_logprobs(..., lm_head_chunks=True)`` and
+:func:`shared_prompt_logprobs` (wherever :func:`output_layer` finds a plain one) go one step
+further and never build the response's ``[B, T, V]`` logits at all: the decoder's hidden states
+go through the output layer a chunk at a time. At a 49k vocabulary that is what a micro-batch
+is made of — 64 × 128 response tokens' float32 logits are 1.5 GiB, their gradient as much again.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 CHUNK_ELEMENTS = 2**26  # floats per [rows, V] temporary: 256 MiB in float32, ~450 rows of a 150k vocabulary
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")  # config keys: logits ≠ head(hidden)
 
 
 def token_logprobs(
@@ -137,13 +141,27 @@ def _response_start(input_ids: Tensor, response_start: int | None, response_mask
 def _plain_lm_head(model: nn.Module) -> nn.Module:
     """The output layer, if the model's logits are exactly ``head(hidden)``; otherwise an error."""
     config = model.config
-    for name in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
+    for name in LOGIT_TRANSFORMS:
         if getattr(config, name, None) not in (None, 1, 1.0):
             raise ValueError(f"lm_head_chunks: {type(model).__name__} transforms its logits ({name}); use the default")
     head = model.get_output_embeddings()
     if head is None or not hasattr(model, "get_decoder"):
         raise ValueError(f"lm_head_chunks: {type(model).__name__} exposes no decoder/output layer; use the default")
     return head
+
+
+def output_layer(model: nn.Module) -> nn.Module | None:
+    """The output layer to run chunk by chunk over the decoder's hidden states, or None where the
+    model's own forward must make the logits: logits that are more than ``head(hidden)``, or a
+    model sharded with FSDP2 (running its decoder alone would skip the whole model's unsharding
+    of the embeddings and head, which stay sharded when they are tied)."""
+    from posttrain.distributed import is_sharded
+
+    try:
+        head = _plain_lm_head(model)
+    except ValueError:
+        return None
+    return None if is_sharded(model) else head
 
 
 def _chunked(
@@ -193,26 +211,29 @@ def _chunk_stats(
 
 
 def _encode_prompts(
-    model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor
+    model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor, head: nn.Module | None
 ) -> tuple[Any, Tensor]:
     """The U prompts' KV cache indexed out to the B rows that continue them, and each row's
-    logits at its prompt's last position (which predict response token 0)."""
+    output at its prompt's last position (which predicts response token 0): its logits, or with
+    ``head`` (:func:`output_layer`) its final hidden state."""
     from transformers import DynamicCache
 
     from posttrain.models.cache import cache_argument, returned_cache
 
     positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
-    prompt_out = model(
+    runner, keep = (model, {"logits_to_keep": 1}) if head is None else (model.get_decoder(), {})
+    prompt_out = runner(
         input_ids=prompt_ids,
         attention_mask=prompt_mask,
         position_ids=positions,
         use_cache=True,
-        logits_to_keep=1,
-        **cache_argument(model, DynamicCache(config=model.config)),
+        **keep,
+        **cache_argument(runner, DynamicCache(config=model.config)),
     )
     cache = returned_cache(prompt_out)
     cache.batch_select_indices(prompt_index)
-    return cache, prompt_out.logits[:, -1][prompt_index]
+    last = prompt_out.logits if head is None else prompt_out.last_hidden_state
+    return cache, last[:, -1][prompt_index]
 
 
 def shared_prompt_logprobs(
@@ -249,25 +270,36 @@ def shared_prompt_logprobs(
     if response_ids.shape[1] == 0:
         empty = response_ids.new_zeros(response_ids.shape, dtype=torch.float32)
         return empty, (empty if with_entropy else None)
-    cache, first_logits = _encode_prompts(model, prompt_ids, prompt_mask, prompt_index)
+    head = output_layer(model)
+    cache, first = _encode_prompts(model, prompt_ids, prompt_mask, prompt_index, head)
     width = response_ids.shape[1]
     lengths = prompt_mask.long().sum(-1)[prompt_index]
     response_positions = lengths[:, None] + torch.arange(width, device=response_ids.device)
     attended = response_mask if response_attention is None else response_attention
     attention = torch.cat([prompt_mask[prompt_index].long(), attended.long()], dim=1)
-    logits = first_logits[:, None]
+    outputs = first[:, None]  # [B, T, V] logits, or with a plain head [B, T, D] hidden states
     if width > 1:
-        out = model(
+        runner = model if head is None else model.get_decoder()
+        out = runner(
             input_ids=response_ids[:, :-1],
             attention_mask=attention[:, :-1],
             position_ids=response_positions[:, :-1],
             use_cache=True,
-            **cache_argument(model, cache),
+            **cache_argument(runner, cache),
         )
-        logits = torch.cat([logits, out.logits], dim=1)  # position t predicts response token t
-    logprobs, entropies = token_logprobs_and_entropies(
-        logits, response_ids, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy
-    )
+        rest = out.logits if head is None else out.last_hidden_state
+        outputs = torch.cat([outputs, rest], dim=1)  # position t predicts response token t
+    if head is None:
+        logprobs, entropies = token_logprobs_and_entropies(
+            outputs, response_ids, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy
+        )
+    else:
+        flat, vocab = outputs.reshape(-1, outputs.shape[-1]), head.weight.shape[0]
+        logprobs, entropies = _chunked(
+            flat, response_ids.reshape(-1), head, vocab, temperature, chunk_size, with_entropy
+        )
+        logprobs = logprobs.view(response_ids.shape)
+        entropies = None if entropies is None else entropies.view(response_ids.shape)
     logprobs = logprobs * response_mask
     entropies = None if entropies is None else entropies * response_mask
     return logprobs, entropies

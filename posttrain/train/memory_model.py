@@ -16,7 +16,9 @@ the run really holds, in bytes; the formulas:
   gate/up/product. With gradient checkpointing each layer keeps its input ``H·a`` and one layer's
   full set is rebuilt at a time in the backward pass;
 * logits ``[rows, T, V]`` in the activations' dtype and their gradient; log-softmax runs in
-  float32 chunks of at most ``CHUNK_ELEMENTS`` (``models/logprobs.py``).
+  float32 chunks of at most ``CHUNK_ELEMENTS`` (``models/logprobs.py``). RL passes of a model
+  whose logits are its head's output (and not sharded) never hold the logits: the head runs a
+  chunk of positions at a time, recomputed in the backward pass.
 
 The same figures size the default micro-batch (``micro_batch_tokens``) and print as
 ``posttrain ... --plan``; ``benchmarks/memory_plan.py`` compares them with measured peaks.
@@ -28,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from posttrain.models.logprobs import CHUNK_ELEMENTS
+from posttrain.models.logprobs import CHUNK_ELEMENTS, LOGIT_TRANSFORMS
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ADAM_MOMENTS = 2  # exp_avg and exp_avg_sq, each the parameter's shape and dtype
@@ -49,6 +51,7 @@ class ModelShape:
     intermediate: int
     tied: bool
     qkv_bias: bool = False
+    plain_head: bool = True  # logits exactly head(hidden): RL passes run the head chunk by chunk
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> ModelShape:
@@ -64,6 +67,7 @@ class ModelShape:
             intermediate=int(config.get("intermediate_size") or 4 * hidden),
             tied=bool(config.get("tie_word_embeddings", False)),
             qkv_bias=bool(config.get("attention_bias", False)) or config.get("model_type") == "qwen2",
+            plain_head=all(config.get(key) in (None, 1, 1.0) for key in LOGIT_TRANSFORMS),
         )
 
     def linear_layers(self) -> list[tuple[int, int]]:
@@ -105,12 +109,19 @@ class ModelShape:
         return (TRANSIENT_PER_HIDDEN * self.hidden + TRANSIENT_PER_INTERMEDIATE * self.intermediate) * tokens * nbytes
 
 
-def logits_bytes(rows: int, positions: int, vocab: int, nbytes: int, with_gradient: bool) -> int:
+def logits_bytes(
+    rows: int, positions: int, vocab: int, nbytes: int, with_gradient: bool, chunked_head: bool = False
+) -> int:
     """The output layer's ``[rows, positions, V]`` logits, one float32 log-softmax chunk (three
-    ``[chunk, V]`` temporaries) and, under autograd, the logits' gradient."""
+    ``[chunk, V]`` temporaries) and, under autograd, the logits' gradient. With
+    ``chunked_head`` (the head run chunk by chunk over the hidden states) no ``[rows, positions,
+    V]`` tensor exists: a chunk's three temporaries, and in the backward pass its recomputed
+    logits, log-softmax and their two gradients."""
+    chunk = min(CHUNK_ELEMENTS, rows * positions * vocab) * 4
+    if chunked_head:
+        return chunk * (5 if with_gradient else 3)
     logits = rows * positions * vocab * nbytes
-    chunk = 3 * min(CHUNK_ELEMENTS, rows * positions * vocab) * 4
-    return logits * (2 if with_gradient else 1) + chunk
+    return logits * (2 if with_gradient else 1) + 3 * chunk
 
 
 @dataclass

@@ -167,8 +167,9 @@ def rl_plan(config: Any, shape: ModelShape, prompt_tokens: int, reward_models: S
         tokens = groups * prompt_tokens + micro * response
     # forward passes without autograd: π_old (several updates a batch), π_ref, the critic's values
     policy_passes = recompute_old_logprobs(config) and not anchors_on_engine(config)
+    chunked = shape.plain_head and config.strategy != "fsdp2"  # models/logprobs.py output_layer
     if policy_passes or config.algorithm.kl.needs_reference:
-        logits = logits_bytes(micro, response + 1, shape.vocab, a, with_gradient=False)
+        logits = logits_bytes(micro, response + 1, shape.vocab, a, with_gradient=False, chunked_head=chunked)
         phases.append(Phase("log-probs", {"activations": shape.layer_temporaries(tokens, a), "logits": logits}))
     checkpointing = config.model.gradient_checkpointing
     phases.append(
@@ -176,7 +177,7 @@ def rl_plan(config: Any, shape: ModelShape, prompt_tokens: int, reward_models: S
             "update",
             {
                 "activations": shape.saved_activations(tokens, a, checkpointing) + shape.layer_temporaries(tokens, a),
-                "logits": logits_bytes(micro, response, shape.vocab, a, with_gradient=True),
+                "logits": logits_bytes(micro, response, shape.vocab, a, with_gradient=True, chunked_head=chunked),
                 "attention mask": micro * length * length,
                 "prompt keys and values": shape.kv_cache(micro, prompt_tokens, a) if shared else 0,
             },

@@ -30,7 +30,7 @@ from posttrain.algos.registry import EstimatorNeeds
 from posttrain.devices import compute_precision, model_device
 from posttrain.distributed import is_sharded, world
 from posttrain.errors import TrainingDiverged
-from posttrain.models.logprobs import response_logprobs, shared_prompt_logprobs
+from posttrain.models.logprobs import output_layer, response_logprobs, shared_prompt_logprobs
 from posttrain.rewards import RewardFunctionError
 from posttrain.rollout.batch import RolloutBatch, concat
 from posttrain.train.micro_batches import micro_batch_bounds
@@ -128,6 +128,7 @@ def _sequence_logprobs(
         response_mask=batch.response_mask,
         temperature=temperature,
         with_entropy=with_entropy,
+        lm_head_chunks=output_layer(model) is not None,  # never the [B, T, V] logits
     )
 
 

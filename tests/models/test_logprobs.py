@@ -212,3 +212,30 @@ def test_shared_prompt_forward_equals_the_full_forward_in_values_and_gradients(a
     grads_shared = torch.autograd.grad((shared * weights).sum(), list(model.parameters()))
     for full, part in zip(grads_full, grads_shared, strict=True):
         torch.testing.assert_close(part, full, atol=1e-5, rtol=1e-4)
+
+
+def test_shared_prompt_forward_never_builds_the_batch_logits_unless_the_model_transforms_them():
+    """With a plain output layer the head sees at most one chunk of rows at a time (the [B, T, V]
+    logits never exist); a model that transforms its logits (soft-capping) takes its own forward,
+    and both give the same values."""
+    from posttrain.models.logprobs import output_layer, shared_prompt_logprobs
+
+    model = tiny_lm(tied=True)
+    prompt_ids, prompt_mask = IDS[:, :4], MASK[:, :4]
+    index = torch.tensor([0, 0, 1, 1, 1])
+    response_ids = torch.randint(3, 300, (5, 6), generator=torch.Generator().manual_seed(1))
+    response_mask = torch.ones(5, 6)
+    rows_seen: list[int] = []
+    model.lm_head.register_forward_hook(lambda module, args, out: rows_seen.append(args[0].reshape(-1, 32).shape[0]))
+    assert output_layer(model) is model.lm_head
+    args = (model, prompt_ids, prompt_mask, response_ids, response_mask, index)
+    chunked, _ = shared_prompt_logprobs(*args, chunk_size=4)
+    chunked.sum().backward()  # the backward recomputes each chunk: again at most 4 rows
+    assert rows_seen and max(rows_seen) <= 4 and model.lm_head.weight.grad.abs().sum() > 0
+    model.config.final_logit_softcapping = 1e9  # a transform (numerically nothing): the model's own logits
+    assert output_layer(model) is None
+    rows_seen.clear()
+    with torch.no_grad():
+        whole, _ = shared_prompt_logprobs(*args)
+    assert max(rows_seen) > 4
+    torch.testing.assert_close(whole, chunked.detach(), atol=1e-5, rtol=0)
