@@ -46,7 +46,7 @@ def token_entropies(logits: Tensor, *, temperature: float = 1.0, chunk_size: int
     Chunked like :func:`token_logprobs`; differentiable, for the entropy bonus (docs/algorithms.md §4.10).
     """
     flat = logits.reshape(-1, logits.shape[-1])
-    _, entropies = _chunked(flat, None, nn.Identity(), flat.shape[-1], temperature, chunk_size, entropy=True)
+    _, entropies = chunked_logprobs(flat, None, nn.Identity(), flat.shape[-1], temperature, chunk_size, entropy=True)
     return entropies.view(logits.shape[:-1])
 
 
@@ -63,7 +63,7 @@ def token_logprobs_and_entropies(
     if logits.shape[:-1] != tokens.shape:
         raise ValueError(f"logits {tuple(logits.shape)} do not match tokens {tuple(tokens.shape)}")
     flat = logits.reshape(-1, logits.shape[-1])
-    logprobs, entropies = _chunked(
+    logprobs, entropies = chunked_logprobs(
         flat, tokens.reshape(-1), nn.Identity(), flat.shape[-1], temperature, chunk_size, with_entropy
     )
     return logprobs.view(tokens.shape), None if entropies is None else entropies.view(tokens.shape)
@@ -102,7 +102,7 @@ def response_logprobs(
         head = _plain_lm_head(model)
         hidden = model.get_decoder()(**inputs).last_hidden_state[:, start - 1 : -1]  # t predicts t + 1
         flat = hidden.reshape(-1, hidden.shape[-1])
-        logprobs, entropies = _chunked(
+        logprobs, entropies = chunked_logprobs(
             flat, tokens.reshape(-1), head, head.weight.shape[0], temperature, chunk_size, with_entropy
         )
         logprobs = logprobs.view(tokens.shape)
@@ -164,7 +164,7 @@ def output_layer(model: nn.Module) -> nn.Module | None:
     return None if is_sharded(model) else head
 
 
-def _chunked(
+def chunked_logprobs(
     inputs: Tensor,
     tokens: Tensor | None,
     to_logits: nn.Module,
@@ -295,7 +295,7 @@ def shared_prompt_logprobs(
         )
     else:
         flat, vocab = outputs.reshape(-1, outputs.shape[-1]), head.weight.shape[0]
-        logprobs, entropies = _chunked(
+        logprobs, entropies = chunked_logprobs(
             flat, response_ids.reshape(-1), head, vocab, temperature, chunk_size, with_entropy
         )
         logprobs = logprobs.view(response_ids.shape)

@@ -105,13 +105,18 @@ class RolloutBatch:
                 picked[item.name] = value
         return RolloutBatch(**picked)
 
+    def response_widths(self) -> Tensor:
+        """``[B]`` each response's width up to its last attended token (environment turns included)."""
+        attended = self.response_attention_mask
+        if not attended.numel():
+            return torch.zeros(len(self), dtype=torch.long, device=attended.device)
+        positions = torch.arange(1, attended.shape[1] + 1, device=attended.device)
+        return (attended * positions).amax(1)
+
     def lengths(self) -> tuple[list[int], list[int]]:
         """(prompt tokens, response width up to the last attended token) of every sample: the
         positions a pass over it alone would take (train/micro_batches.py)."""
-        attended = self.response_attention_mask
-        positions = torch.arange(1, attended.shape[1] + 1)
-        widths = (attended * positions).amax(1) if attended.numel() else torch.zeros(len(self), dtype=torch.long)
-        return self.prompt_mask.sum(1).tolist(), widths.tolist()
+        return self.prompt_mask.sum(1).tolist(), self.response_widths().tolist()
 
     def trimmed(self) -> RolloutBatch:
         """The same samples without the padding columns no sample uses (left of the longest

@@ -3,7 +3,8 @@ passes. Pure functions of lengths; the loops (train/rl_update.py, rl_prepare.py,
 the bounds into passes.
 
 A pass over left-padded prompts and right-padded responses costs (samples) × (longest prompt +
-longest response) positions, padding included, so that is what ``max_tokens`` bounds. Samples
+longest response) positions, padding included, so that is what ``max_tokens`` bounds; a
+padding-free pass (``padding_free``, models/packing.py) costs the samples' own lengths. Samples
 stay in their order (groups contiguous), so the same batch and bounds always give the same
 passes: a run and its resume, and every rank, cut alike.
 """
@@ -19,23 +20,28 @@ def micro_batch_bounds(
     response_lengths: Sequence[int],
     max_samples: int | None = None,
     max_tokens: int | None = None,
+    *,
+    packed: bool = False,
 ) -> list[tuple[int, int]]:
     """``[start, end)`` ranges over the samples, in order: each pass holds at most
-    ``max_samples`` samples and at most ``max_tokens`` padded positions, and at least one
-    sample (a sample longer than the budget runs alone). No bound: one range."""
+    ``max_samples`` samples and at most ``max_tokens`` positions — padded (rows × the longest),
+    or with ``packed`` (padding-free passes) the samples' own — and at least one sample (a
+    sample longer than the budget runs alone). No bound: one range."""
     count = len(prompt_lengths)
     bounds: list[tuple[int, int]] = []
-    start, prompt, response = 0, 0, 0
+    start, prompt, response, total = 0, 0, 0, 0
     for index in range(count):
+        own = prompt_lengths[index] + response_lengths[index]
         wider_prompt = max(prompt, prompt_lengths[index])
         wider_response = max(response, response_lengths[index])
         rows = index - start + 1
+        cost = total + own if packed else rows * (wider_prompt + wider_response)
         too_many = max_samples is not None and rows > max_samples
-        too_long = max_tokens is not None and rows * (wider_prompt + wider_response) > max_tokens
+        too_long = max_tokens is not None and cost > max_tokens
         if rows > 1 and (too_many or too_long):
             bounds.append((start, index))
-            start, wider_prompt, wider_response = index, prompt_lengths[index], response_lengths[index]
-        prompt, response = wider_prompt, wider_response
+            start, wider_prompt, wider_response, total = index, prompt_lengths[index], response_lengths[index], 0
+        prompt, response, total = wider_prompt, wider_response, total + own
     if count:
         bounds.append((start, count))
     return bounds

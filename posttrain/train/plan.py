@@ -162,6 +162,7 @@ def rl_plan(config: Any, shape: ModelShape, prompt_tokens: int, reward_models: S
     # a group's prompt encoded once, its samples' responses reading its keys and values (a
     # checkpointed model takes the full forward: rl_prepare.py)
     shared = config.shared_prompt_forward and not config.model.gradient_checkpointing and config.env is None
+    shared = shared and not config.padding_free  # a packed pass computes each sample's prompt
     if shared:
         groups = -(-micro // config.samples_per_prompt)
         tokens = groups * prompt_tokens + micro * response
@@ -178,7 +179,7 @@ def rl_plan(config: Any, shape: ModelShape, prompt_tokens: int, reward_models: S
             {
                 "activations": shape.saved_activations(tokens, a, checkpointing) + shape.layer_temporaries(tokens, a),
                 "logits": logits_bytes(micro, response, shape.vocab, a, with_gradient=True, chunked_head=chunked),
-                "attention mask": micro * length * length,
+                "attention mask": 0 if config.padding_free else micro * length * length,
                 "prompt keys and values": shape.kv_cache(micro, prompt_tokens, a) if shared else 0,
             },
         )

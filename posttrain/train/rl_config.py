@@ -296,6 +296,11 @@ class RLRun(RunOptions, OptimizerOptions):
     (same values up to float rounding, about a third of the work with 8 samples per prompt);
     needs a model that takes a transformers DynamicCache (any standard causal LM). A model with
     ``model.gradient_checkpointing`` trains with the full forward (a checkpointed forward keeps no cache)."""
+    padding_free: bool = False
+    """Training forward passes lay each micro-batch's samples end to end in one row, each
+    attending only to itself (models/packing.py): no padding is computed and no attention mask
+    is built; ``micro_batch_tokens`` then bounds the real tokens of a pass. Each sample's prompt
+    is computed with it (``shared_prompt_forward`` applies to padded passes)."""
     rollout: RolloutSection = Field(default_factory=RolloutSection)
     """The rollout engine and the engine/trainer log-prob reconciliation."""
     cluster: ClusterSection = Field(default_factory=ClusterSection)

@@ -31,6 +31,7 @@ from posttrain.devices import compute_precision, model_device
 from posttrain.distributed import is_sharded, world
 from posttrain.errors import TrainingDiverged
 from posttrain.models.logprobs import output_layer, response_logprobs, shared_prompt_logprobs
+from posttrain.models.packing import packed_logprobs
 from posttrain.rewards import RewardFunctionError
 from posttrain.rollout.batch import RolloutBatch, concat
 from posttrain.train.micro_batches import micro_batch_bounds
@@ -103,6 +104,17 @@ def _sequence_logprobs(
     model: nn.Module, batch: RolloutBatch, config: RLRun, with_entropy: bool
 ) -> tuple[Tensor, Tensor | None]:
     temperature = config.temperature_value
+    if config.padding_free:
+        return packed_logprobs(
+            model,
+            batch.prompt_ids,
+            batch.prompt_mask,
+            batch.response_ids,
+            batch.response_mask,
+            batch.response_widths(),
+            temperature=temperature,
+            with_entropy=with_entropy,
+        )
     # a checkpointed model in training mode runs without a KV cache (transformers turns use_cache
     # off), so responses would not see the encoded prompt: it takes the full forward instead
     checkpointed = model.training and activation_checkpointing(model)
@@ -286,18 +298,21 @@ class BatchPreparer:
         return batch.baseline_scores  # ReMax's greedy decode, scored by the source; None otherwise
 
     def _logprobs(self, model: nn.Module, batch: RolloutBatch) -> Tensor:
-        chunks, real = self._chunks(model, batch)
+        chunks, real = self._chunks(model, batch, packed=self.config.padding_free)
         parts = [self.sequence_logprobs(model, chunk)[0] for chunk in chunks]
         return torch.cat(parts[:real]).cpu()  # the batch stays on the CPU between stages (devices.py)
 
-    def _chunks(self, model: nn.Module, batch: RolloutBatch) -> tuple[list[RolloutBatch], int]:
+    def _chunks(self, model: nn.Module, batch: RolloutBatch, packed: bool = False) -> tuple[list[RolloutBatch], int]:
         """(chunks within ``micro_batch_size`` samples and ``micro_batch_tokens`` tokens, how many
         are real): a sharded model's ranks all run as many forward passes as the busiest (each is
         a collective), the others repeating their first chunk, whose results are dropped."""
         config, width = self.config, batch.prompt_ids.shape[1] + batch.response_ids.shape[1]
-        # every chunk keeps the batch's width (the parts are joined), so that is each sample's cost
-        full = [width] * len(batch)
-        bounds = micro_batch_bounds(full, [0] * len(batch), config.micro_batch_size, config.micro_batch_tokens)
+        # a padded chunk keeps the batch's width (the parts are joined), so that is each sample's
+        # cost; a packed one computes each sample's own tokens
+        prompts, responses = batch.lengths() if packed else ([width] * len(batch), [0] * len(batch))
+        bounds = micro_batch_bounds(
+            prompts, responses, config.micro_batch_size, config.micro_batch_tokens, packed=packed
+        )
         chunks = [batch.select(torch.arange(start, end)) for start, end in bounds]
         rounds = self.ranks.most(len(chunks)) if is_sharded(model) else len(chunks)
         return chunks + [chunks[0]] * (rounds - len(chunks)), len(chunks)

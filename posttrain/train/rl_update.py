@@ -34,6 +34,9 @@ from posttrain.train.rl_config import RLRun
 from posttrain.train.rl_prepare import anchors_on_engine, minibatch_size, sequence_logprobs, several_updates
 from posttrain.train.schedule import lr_multiplier
 
+# metrics a micro-batch reports as its part of the minibatch's value (summed, not weighted)
+MINIBATCH_PARTS = ("loss/total", "loss/policy", "loss/kl", "policy/entropy")
+
 
 class PolicyUpdate:
     """Holds the optimisation state (policy and critic optimizers, the schedule) and applies
@@ -112,7 +115,10 @@ class PolicyUpdate:
         active_fraction = len(trained) / max(len(minibatch), 1)
         trained = self._share(trained, minibatch)
         sums: dict[str, float] = {"loss/total": 0.0, "loss/policy": 0.0}
-        bounds = micro_batch_bounds(*trained.lengths(), self.config.micro_batch_size, self.config.micro_batch_tokens)
+        config = self.config
+        bounds = micro_batch_bounds(
+            *trained.lengths(), config.micro_batch_size, config.micro_batch_tokens, packed=config.padding_free
+        )
         for index in range(self.ranks.most(len(bounds)) if self.sharded else len(bounds)):
             if index >= len(bounds):  # a sharded model's passes are collectives: join with a zero-weight one
                 self._zero_pass(minibatch.select([0]).trimmed().to(self.device), aggregation, step)
@@ -127,8 +133,9 @@ class PolicyUpdate:
                 if key.endswith("_max"):  # a maximum over micro-batches, not a mean
                     sums[key] = max(sums.get(key, value), value)
                     continue
-                # sums-of-means in proportion to each micro-batch's tokens: the minibatch mean
-                weight = 1.0 if key in ("loss/total", "loss/policy", "loss/kl") else share
+                # sums-of-means in proportion to each micro-batch's tokens: the minibatch mean (the
+                # loss terms are already parts of it: aggregated with the minibatch's normaliser)
+                weight = 1.0 if key in MINIBATCH_PARTS else share
                 sums[key] = sums.get(key, 0.0) + value * weight
         sums = self.ranks.reduce_metrics(sums, summed=True)  # each rank's sums are parts of the minibatch's
         sums["train/active_fraction"] = active_fraction

@@ -54,6 +54,12 @@ def test_bounds_keep_every_sample_in_order_within_both_limits():
                 assert rows == 1 or max_samples is None or rows <= max_samples
                 assert rows == 1 or max_tokens is None or rows * width <= max_tokens
     assert micro_batch_bounds(prompts, responses) == [(0, 9)]
+    for max_tokens in (20, 40, 64):  # padding-free passes: each pass's own tokens are what counts
+        bounds = micro_batch_bounds(prompts, responses, None, max_tokens, packed=True)
+        assert [i for start, end in bounds for i in range(start, end)] == list(range(len(prompts)))
+        own = [sum(prompts[start:end]) + sum(responses[start:end]) for start, end in bounds]
+        assert all(end - start == 1 or cost <= max_tokens for (start, end), cost in zip(bounds, own, strict=True))
+        assert len(bounds) <= len(micro_batch_bounds(prompts, responses, None, max_tokens))
     assert (7, 8) in micro_batch_bounds(prompts, responses, None, 20)  # longer than the budget: alone
 
 
@@ -82,8 +88,26 @@ def test_token_bounded_passes_train_as_the_whole_minibatch(tmp_path):
         )
     chunked = chunked_run.run()
     assert len(passes) > 8 and all(rows == 1 or rows * width <= 40 for rows, width in passes)
-    for key in ("reward/mean", "loss/value", "loss/policy", "policy/grad_norm"):
+    for key in ("reward/mean", "loss/value", "loss/policy", "policy/entropy", "policy/grad_norm"):
         assert [h[key] for h in chunked] == pytest.approx([h[key] for h in whole], rel=1e-4, abs=1e-6), key
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_padding_free_passes_train_as_padded_ones(tmp_path, arch):
+    """GRPO with KL in the loss (reference passes) and an entropy bonus: packed passes of at most
+    60 real tokens give the padded whole-minibatch run's losses, KL and gradient norms."""
+    base = [f"model.tiny.arch={arch}", "algorithm=grpo", "steps=2", "algorithm.kl.placement=loss",
+            "algorithm.kl.coef=0.05", "algorithm.entropy_coef=0.01"]  # fmt: skip
+    padded = make_run(tmp_path, base, name="padded").run()
+    run = make_run(tmp_path, [*base, "padding_free=true", "micro_batch_tokens=60"], name="packed")
+    rows: list[int] = []
+    run.policy.get_decoder().register_forward_hook(
+        lambda module, args, kwargs, out: rows.append(kwargs["input_ids"].shape[-1]), with_kwargs=True
+    )
+    packed = run.run()
+    assert len(rows) > 4 and all(tokens <= 60 for tokens in rows)
+    for key in ("loss/policy", "kl/ref", "policy/entropy", "policy/grad_norm", "loss/total"):
+        assert [h[key] for h in packed] == pytest.approx([h[key] for h in padded], rel=1e-4, abs=1e-6), key
 
 
 def test_sft_passes_bounded_by_tokens_train_as_one_pass(tmp_path):

@@ -1,0 +1,246 @@
+"""Padding-free passes: a micro-batch's sequences laid end to end in one row, each attending only
+to itself.
+
+A padded batch of prompts and responses computes every position of a ``[B, P + T]`` rectangle
+and, for the padding, a ``[B, 1, L, L]`` attention mask; responses of an RL batch differ in length
+(a few tokens to ``max_new_tokens``), so much of that rectangle is padding. Here the real tokens of
+every sample — its prompt without the left padding, its response up to the last attended token —
+are concatenated into one row of N = Σ L_b tokens with position ids restarting at 0 for each
+sample, and attention is causal *within* each sample (the document mask of TRL's ``padding_free``
+and verl's ``use_remove_padding``, there through flash-attention's varlen kernel):
+
+- a CUDA device: PyTorch's scaled-dot-product attention on nested (jagged) tensors, whose flash
+  and memory-efficient kernels take the documents' offsets and never build a mask;
+- elsewhere (the CPU has no jagged kernel): one causal attention call per document.
+
+The attention is a transformers attention function registered under :data:`PACKED_ATTENTION`
+(``AttentionInterface``): a forward given ``cu_seq_lens_q`` (the documents' offsets) attends per
+document; any other forward of the same model goes to the implementation it had before, so
+generation, prompt caches and padded passes are unchanged. Only the positions that predict a
+response token reach the output layer (chunk by chunk, ``models/logprobs.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from posttrain.models.logprobs import chunked_logprobs, output_layer
+
+PACKED_ATTENTION = "posttrain_packed"
+
+
+@dataclass(frozen=True)
+class PackedRow:
+    """Samples laid end to end: ``input_ids`` and ``position_ids`` ``[1, N]``, the documents'
+    ``offsets [S + 1]``, and for every response token to score: the flat position whose output
+    predicts it (``predictors``), the token (``targets``), and its (row, column) in ``[B, T]``."""
+
+    input_ids: Tensor
+    position_ids: Tensor
+    offsets: Tensor
+    bounds: tuple[tuple[int, int], ...]
+    predictors: Tensor
+    targets: Tensor
+    rows: Tensor
+    columns: Tensor
+
+
+def pack_samples(prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, widths: Tensor) -> PackedRow:
+    """One row holding, per sample b, its prompt's real tokens (``prompt_mask`` 1; prompts are
+    left-padded) then its first ``widths[b]`` response tokens (responses are right-padded)."""
+    prompt_lengths = prompt_mask.long().sum(1)
+    lengths = prompt_lengths + widths
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.long, device=prompt_ids.device)
+    offsets[1:] = lengths.cumsum(0)
+    response_columns = torch.arange(response_ids.shape[1], device=response_ids.device)
+    in_response = response_columns[None, :] < widths[:, None]
+    tokens = torch.cat([prompt_ids[prompt_mask.bool()].view(-1, 1), response_ids[in_response].view(-1, 1)], 0)
+    # the real tokens of each sample, in order: prompt tokens first, then its response's
+    starts = offsets[:-1]
+    prompt_at = _ranges(starts, prompt_lengths)
+    response_at = _ranges(starts + prompt_lengths, widths)
+    ids = torch.empty(int(offsets[-1]), dtype=prompt_ids.dtype, device=prompt_ids.device)
+    ids[prompt_at] = tokens[: prompt_at.numel(), 0]
+    ids[response_at] = tokens[prompt_at.numel() :, 0]
+    positions = torch.arange(ids.numel(), device=ids.device) - starts.repeat_interleave(lengths)
+    rows, columns = in_response.nonzero(as_tuple=True)
+    bounds = tuple(zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True))
+    return PackedRow(
+        input_ids=ids[None],
+        position_ids=positions[None],
+        offsets=offsets,
+        bounds=bounds,
+        predictors=response_at - 1,  # the position before each response token predicts it
+        targets=ids[response_at],
+        rows=rows,
+        columns=columns,
+    )
+
+
+def _ranges(starts: Tensor, lengths: Tensor) -> Tensor:
+    """``concat(arange(s, s + n) for s, n in zip(starts, lengths))`` without a Python loop."""
+    total = int(lengths.sum())
+    first = torch.repeat_interleave(starts - torch.cumsum(lengths, 0) + lengths, lengths)
+    return first + torch.arange(total, device=starts.device)
+
+
+def packed_forward_kwargs(packed: PackedRow) -> dict[str, Any]:
+    """What a transformers forward of ``packed`` takes: ids, positions, and the document offsets
+    that :func:`packed_attention` reads (flash-attention's own keyword names)."""
+    longest = max((end - start for start, end in packed.bounds), default=0)
+    return {
+        "input_ids": packed.input_ids,
+        "position_ids": packed.position_ids,
+        "use_cache": False,
+        "cu_seq_lens_q": packed.offsets,
+        "max_length_q": longest,
+        "document_bounds": packed.bounds,
+    }
+
+
+def use_packed_attention(model: nn.Module) -> None:
+    """Switch ``model`` (or the model a PEFT wrapper holds) to :func:`packed_attention`, once;
+    unpacked forwards keep going to the implementation it had."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    current = base.config._attn_implementation
+    if current == PACKED_ATTENTION:
+        return
+    AttentionInterface.register(PACKED_ATTENTION, packed_attention)
+    AttentionMaskInterface.register(PACKED_ATTENTION, _packed_mask)
+    for config in {id(m.config): m.config for m in base.modules() if hasattr(m, "config")}.values():
+        config._posttrain_unpacked = getattr(config, "_attn_implementation", None) or current
+    base.set_attn_implementation(PACKED_ATTENTION)
+
+
+def packed_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """A transformers attention function: ``query [1, H, N, D]``, ``key, value [1, kv, N, D]`` of
+    one packed row → ``[1, N, H, D]``, causal within each document of ``document_bounds``. Without
+    them (an unpacked forward), the model's previous attention implementation."""
+    bounds = kwargs.get("document_bounds")
+    if bounds is None:
+        return _unpacked(module)(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    window = getattr(module, "sliding_window", None)
+    longest = kwargs.get("max_length_q") or max(end - start for start, end in bounds)
+    if query.device.type == "cuda" and (window is None or longest <= window):
+        out = _jagged_attention(query, key, value, kwargs["cu_seq_lens_q"], longest, scaling)
+    else:
+        out = _per_document(query, key, value, bounds, scaling, window)
+    return out, None
+
+
+def _unpacked(module: nn.Module) -> Any:
+    """The attention function the model had (a model-specific ``eager`` one is not in the shared
+    registry: SDPA, which computes the same attention, stands in for it)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    name = getattr(module.config, "_posttrain_unpacked", "sdpa")
+    return ALL_ATTENTION_FUNCTIONS[name if name in ALL_ATTENTION_FUNCTIONS else "sdpa"]
+
+
+def _per_document(
+    query: Tensor, key: Tensor, value: Tensor, bounds: Any, scaling: float | None, window: int | None
+) -> Tensor:
+    """One causal attention call per document (a band mask where a sliding window cuts it)."""
+    outputs = []
+    for start, end in bounds:
+        length = end - start
+        mask = None
+        if window is not None and length > window:
+            at = torch.arange(length, device=query.device)
+            mask = (at[:, None] >= at[None, :]) & (at[:, None] - at[None, :] < window)
+        outputs.append(
+            F.scaled_dot_product_attention(
+                query[:, :, start:end],
+                key[:, :, start:end],
+                value[:, :, start:end],
+                attn_mask=mask,
+                is_causal=mask is None,
+                scale=scaling,
+                enable_gqa=True,
+            )
+        )
+    return torch.cat(outputs, dim=2).transpose(1, 2)
+
+
+def _jagged_attention(
+    query: Tensor, key: Tensor, value: Tensor, offsets: Tensor, longest: int, scaling: float | None
+) -> Tensor:
+    """Causal attention over nested (jagged) tensors: the documents' offsets go to the flash or
+    memory-efficient kernel, no mask is built."""
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:  # jagged attention takes no grouped-query layout
+        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    offsets = offsets.long()
+
+    def jagged(x: Tensor) -> Tensor:  # [1, h, N, D] → [S, h, (j), D]
+        values = x[0].transpose(0, 1).contiguous()
+        return torch.nested.nested_tensor_from_jagged(values, offsets, max_seqlen=longest).transpose(1, 2)
+
+    out = F.scaled_dot_product_attention(jagged(query), jagged(key), jagged(value), is_causal=True, scale=scaling)
+    return out.transpose(1, 2).values().unsqueeze(0)
+
+
+def _packed_mask(**kwargs: Any) -> Tensor | None:
+    """The mask of a forward under :data:`PACKED_ATTENTION`: none for a packed row (given no
+    padding mask; :func:`packed_attention` keeps documents apart), else what the model's previous
+    implementation would build."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    square = kwargs.get("q_length") == kwargs.get("kv_length") and not kwargs.get("kv_offset")
+    if kwargs.get("attention_mask") is None and square and not kwargs.get("local_size"):
+        return None
+    name = getattr(kwargs.get("config"), "_posttrain_unpacked", "sdpa")
+    return ALL_MASK_ATTENTION_FUNCTIONS[name if name in ALL_MASK_ATTENTION_FUNCTIONS else "sdpa"](**kwargs)
+
+
+def packed_logprobs(
+    model: nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    response_ids: Tensor,
+    response_mask: Tensor,
+    widths: Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_size: int | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`~posttrain.models.logprobs.response_logprobs` of ``prompt ‖ response`` samples from
+    one padding-free pass: ``prompt_ids, prompt_mask [B, P]`` left-padded, ``response_ids,
+    response_mask [B, T]`` right-padded, ``widths [B]`` each response's attended tokens (its
+    environment turns included). Returns ``[B, T]`` float32 log-probs (and entropies), 0 where
+    ``response_mask`` is 0; equal to the padded pass up to float rounding."""
+    use_packed_attention(model)
+    packed = pack_samples(prompt_ids, prompt_mask, response_ids, widths)
+    inputs, head = packed_forward_kwargs(packed), output_layer(model)
+    if head is not None:  # only the predicting positions reach the head, a chunk at a time
+        hidden = model.get_decoder()(**inputs).last_hidden_state[0, packed.predictors]
+        logprobs, entropies = chunked_logprobs(
+            hidden, packed.targets, head, head.weight.shape[0], temperature, chunk_size, with_entropy
+        )
+    else:
+        logits = model(**inputs, logits_to_keep=packed.predictors).logits[0]
+        logprobs, entropies = chunked_logprobs(
+            logits, packed.targets, nn.Identity(), logits.shape[-1], temperature, chunk_size, with_entropy
+        )
+    where = (packed.rows, packed.columns)
+    blank = torch.zeros(response_ids.shape, dtype=torch.float32, device=response_ids.device)
+    out = blank.index_put(where, logprobs) * response_mask
+    return out, None if entropies is None else blank.index_put(where, entropies) * response_mask
