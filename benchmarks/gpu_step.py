@@ -58,10 +58,16 @@ CARDS = {"H200": (4.8e12, 989e12), "H100": (3.35e12, 989e12), "A100": (2.0e12, 3
 RESULTS: list[dict] = []
 
 
+OUTPUT: list[Path] = []  # the --output file, written line by line (a run cut short keeps what it had)
+
+
 def emit(case: str, **fields: object) -> None:
     line = {"case": case, **fields}
     RESULTS.append(line)
     print(json.dumps(line), flush=True)
+    for path in OUTPUT:
+        with path.open("a") as out:
+            out.write(json.dumps(line) + "\n")
 
 
 def shaped_model(shape: dict, dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.nn.Module:
@@ -216,6 +222,48 @@ def case_checks(args: argparse.Namespace, device: torch.device) -> None:
     shadow = engine(model, graphs, dtype=torch.bfloat16)
     worst, mean = full_forward_gap(model, shadow.generate(batch, sampling))
     check("bf16_copies_gap", mean < 0.05, max_abs=worst, mean_abs=mean)
+    packed_checks(model, shadow.generate(batch, sampling))
+
+
+def packed_checks(model: torch.nn.Module, out: Rollouts) -> None:
+    """Padding-free passes (models/packing.py) against the padded pass on the device: log-probs and
+    gradients in float32, log-probs under bf16 autocast (the kernels differ: jagged attention)."""
+    from posttrain.devices import compute_precision
+    from posttrain.models.logprobs import response_logprobs
+    from posttrain.models.packing import _jagged_attention, _per_document, packed_logprobs
+
+    device = next(model.parameters()).device
+    if device.type == "cuda":  # the jagged kernel against one call per document, values and gradients
+        g = torch.Generator(device=device).manual_seed(0)
+        bounds = ((0, 37), (37, 40), (40, 140), (140, 141))
+        offsets = torch.tensor([0, 37, 40, 140, 141], device=device)
+        for dtype in (torch.float32, torch.bfloat16):
+            q = torch.randn(1, 9, 141, 64, device=device, dtype=dtype, generator=g).requires_grad_()
+            k, v = (torch.randn(1, 3, 141, 64, device=device, dtype=dtype, generator=g).requires_grad_() for _ in "kv")
+            outs = [_jagged_attention(q, k, v, offsets, 100, None), _per_document(q, k, v, bounds, None, None)]
+            grads = [torch.autograd.grad(o.float().square().sum(), (q, k, v)) for o in outs]
+            gap = float((outs[0] - outs[1]).detach().abs().max())
+            grad_gap = max(float((a - b).abs().max()) for a, b in zip(*grads, strict=True))
+            limit = 1e-4 if dtype == torch.float32 else 3e-2
+            check(f"jagged_attention_{str(dtype)[6:]}", gap <= limit and grad_gap <= 10 * limit, max_abs=gap,
+                  grad_max_abs=grad_gap)  # fmt: skip
+    mask = out.response_mask.float().to(device)
+    prompt_ids, prompt_mask = out.prompt_ids.to(device), out.prompt_mask.to(device)
+    response_ids = out.response_ids.to(device)
+    ids, attention = torch.cat([prompt_ids, response_ids], 1), torch.cat([prompt_mask, mask.long()], 1)
+    for precision in ("fp32", "bf16"):
+        with compute_precision(precision, device):
+            padded, _ = response_logprobs(model, ids, attention, response_mask=mask)
+            packed, _ = packed_logprobs(model, prompt_ids, prompt_mask, response_ids, mask, mask.long().sum(1))
+        gap = float((padded - packed).detach().abs().max())
+        fields = {"max_abs": gap, "tokens": int(mask.sum())}
+        if precision == "fp32":
+            params = [p for p in model.parameters() if p.requires_grad]
+            grads = [torch.autograd.grad(x.sum(), params) for x in (padded, packed)]
+            worst = max(float((a - b).abs().max() / (a.abs().max() + 1e-12)) for a, b in zip(*grads, strict=True))
+            fields["grad_rel_gap"] = worst
+        limit = 5e-4 if precision == "fp32" else 0.1
+        check(f"packed_equals_padded_{precision}", gap <= limit and fields.get("grad_rel_gap", 0) <= 1e-3, **fields)
 
 
 def letter_share(prompts: list, completions: list, **columns: object) -> list[float]:
@@ -244,7 +292,7 @@ def grpo_config(args: argparse.Namespace, device: torch.device, model: Path, gra
     from posttrain.train.rl_config import load_rl_config
 
     micro = min(64, 8 * args.prompts)  # samples per forward/backward pass
-    out = model.parent / f"graphs-{graphs}-{steps}-{len(extra)}"
+    out = model.parent / f"run-{sum(1 for _ in model.parent.iterdir())}"  # a fresh folder per run
     overrides = [f"model.path={model}", "data.task=reverse", "data.n_train=2048", "data.n_eval=9",
                  "eval_size=0", "algorithm=grpo", f"steps={steps}", f"prompts_per_step={args.prompts}",
                  "samples_per_prompt=8", f"max_new_tokens={args.new_tokens}", f"micro_batch_size={micro}",
@@ -271,36 +319,50 @@ def case_memory(args: argparse.Namespace, device: torch.device) -> None:
     from posttrain.train.rl import OnlineRL
 
     model, _ = grpo_model(args)
-    for lora in (False, True):
-        extra = ["precision=fp32", "micro_batch_size=null", *(["model.lora={r: 16, alpha: 32}"] if lora else [])]
+    variants = {"full": [], "lora_r16": ["model.lora={r: 16, alpha: 32}"], "full_packed": ["padding_free=true"]}
+    for name, extra in variants.items():
+        extra = ["precision=fp32", "micro_batch_size=null", *extra]
         config = announce_plan("rl", grpo_config(args, device, model, True, args.grpo_steps, *extra), echo=False)
         plan, _, available = plan_for("rl", config)
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-        timed = OnlineRL(config, echo=lambda line: None).run()[1:]
+        try:
+            timed = OnlineRL(config, echo=lambda line: None).run()[1:]
+        except Exception as error:  # an out-of-memory error is a finding: the next variant still runs
+            why = f"{type(error).__name__}: {error}"[:600]
+            emit("memory", variant=name, micro_batch_tokens=config.micro_batch_tokens,
+                 planned_peak_gib=round(plan.peak / 2**30, 2), error=why)  # fmt: skip
+            continue
         if device.type == "cuda":
             measured = torch.cuda.max_memory_allocated(device)
         else:
             measured = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        emit("memory", lora=lora, micro_batch_tokens=config.micro_batch_tokens,
+        emit("memory", variant=name, micro_batch_tokens=config.micro_batch_tokens,
              planned_peak_gib=round(plan.peak / 2**30, 2), measured_peak_gib=round(measured / 2**30, 2),
              planned_over_measured=round(plan.peak / measured, 3), device_gib=round((available or 0) / 2**30, 1),
              step_s=round(statistics.median(h["time/step_s"] for h in timed), 3),
              update_s=round(statistics.median(h["time/train_s"] for h in timed), 3))  # fmt: skip
 
 
+GRPO_VARIANTS = {"step_by_step": (False, []), "graphs": (True, []), "graphs_packed": (True, ["padding_free=true"])}
+
+
 def case_grpo(args: argparse.Namespace, device: torch.device, flops: float | None) -> None:
+    from posttrain.train.rl import OnlineRL
+
     model, params = grpo_model(args)
-    for graphs in (False, True):
-        timed = grpo_run(args, device, model, graphs, args.grpo_steps)[1:]
+    for variant in args.grpo_variants:
+        graphs, extra = GRPO_VARIANTS[variant]
+        config = grpo_config(args, device, model, graphs, args.grpo_steps, *extra)
+        timed = OnlineRL(config, echo=lambda line: None).run()[1:]
         step = statistics.median(h["time/step_s"] for h in timed)
         generate = statistics.median(h["time/generate_s"] for h in timed)
         update = statistics.median(h["time/train_s"] for h in timed)
         # a lower bound: 6·N FLOPs per generated token (the prompts' tokens are left out)
         tokens = statistics.median(h["throughput/generated_tokens_per_s"] * h["time/generate_s"] for h in timed)
         share = None if flops is None else 6 * params * tokens / update / flops
-        emit("grpo", graphs=graphs, step_s=round(step, 3), generate_s=round(generate, 3),
+        emit("grpo", variant=variant, step_s=round(step, 3), generate_s=round(generate, 3),
              generate_share=round(generate / step, 3), update_s=round(update, 3),
              update_flops_share=None if share is None else round(share, 3),
              times={k: round(v, 3) for k, v in timed[-1].items() if k.startswith("time/")})  # fmt: skip
@@ -368,6 +430,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--precision", default=None, help="the GRPO step's (default: bf16 on a GPU, fp32 on the CPU)")
     parser.add_argument("--output", default=None, help="also write the JSON lines to this file")
     parser.add_argument("--demo-timeout", type=float, default=240)
+    parser.add_argument("--grpo-variants", nargs="+", default=list(GRPO_VARIANTS), choices=list(GRPO_VARIANTS))
+    parser.add_argument("--no-demo-baseline", action="store_true", help="time the demo with graphs only")
     args = parser.parse_args()
     gpu = args.device.startswith("cuda")
     args.shape = SMOLLM2 if gpu else SMALL
@@ -391,13 +455,15 @@ def main() -> int:
     if args.demo:
         cases["demo"] = lambda: case_demo(args, graphs=True)
         cases["demo_baseline"] = lambda: case_demo(args, graphs=False)
-    for case in [*args.cases, *(["demo", "demo_baseline"] if args.demo else [])]:
+    if args.output:
+        OUTPUT.append(Path(args.output))
+        Path(args.output).write_text("")
+    demos = ["demo"] if args.no_demo_baseline else ["demo", "demo_baseline"]
+    for case in [*args.cases, *(demos if args.demo else [])]:
         try:
             cases[case]()
         except Exception as error:  # one broken case must not hide the others' figures
             emit(case, error=f"{type(error).__name__}: {error}")
-    if args.output:
-        Path(args.output).write_text("".join(json.dumps(r) + "\n" for r in RESULTS))
     failed = [r for r in RESULTS if r.get("passed") is False or "error" in r]
     print(f"{len(failed)} failed" if failed else "all checks passed", flush=True)
     return 1 if failed else 0
