@@ -12,8 +12,9 @@
   log-probs that match a full forward pass under the *new* weights; bf16 copies over float32
   weights (the engine–trainer gap, reported). Each line says ``passed``.
 * ``grpo``: a realistic GRPO step (64 prompts × 8 samples × up to 128 tokens, precision bf16,
-  full fine-tuning) with graphs and without: step time, generation's share, the update's
-  throughput as a share of the card's peak bf16 FLOP/s (6·N per generated token: a lower bound).
+  full fine-tuning) as ``posttrain rl`` runs it by default, with 64 samples a pass, padding-free,
+  and without graphs: step time, generation's share, the update's throughput as a share of the
+  card's peak bf16 FLOP/s (6·N per generated token: a lower bound).
 * ``memory``: the same step in float32 with no micro-batch bound, full fine-tuning and LoRA r16,
   sized as ``posttrain rl`` sizes it (the memory plan's derived ``micro_batch_tokens``): the
   plan's peak against the peak allocated on the card, step and update time.
@@ -345,16 +346,25 @@ def case_memory(args: argparse.Namespace, device: torch.device) -> None:
              update_s=round(statistics.median(h["time/train_s"] for h in timed), 3))  # fmt: skip
 
 
-GRPO_VARIANTS = {"step_by_step": (False, []), "graphs": (True, []), "graphs_packed": (True, ["padding_free=true"])}
+# (CUDA graphs, overrides): the step as `posttrain rl` runs it by default (micro-batches sized by
+# the memory plan), then with 64 samples a pass (the first figures' setting), padding-free, and
+# generation step by step
+GRPO_VARIANTS = {
+    "graphs": (True, ["micro_batch_size=null"]),
+    "graphs_micro64": (True, []),
+    "graphs_packed": (True, ["micro_batch_size=null", "padding_free=true"]),
+    "step_by_step": (False, []),
+}
 
 
 def case_grpo(args: argparse.Namespace, device: torch.device, flops: float | None) -> None:
+    from posttrain.train.plan import announce_plan
     from posttrain.train.rl import OnlineRL
 
     model, params = grpo_model(args)
     for variant in args.grpo_variants:
         graphs, extra = GRPO_VARIANTS[variant]
-        config = grpo_config(args, device, model, graphs, args.grpo_steps, *extra)
+        config = announce_plan("rl", grpo_config(args, device, model, graphs, args.grpo_steps, *extra), echo=False)
         timed = OnlineRL(config, echo=lambda line: None).run()[1:]
         step = statistics.median(h["time/step_s"] for h in timed)
         generate = statistics.median(h["time/generate_s"] for h in timed)
@@ -362,7 +372,8 @@ def case_grpo(args: argparse.Namespace, device: torch.device, flops: float | Non
         # a lower bound: 6·N FLOPs per generated token (the prompts' tokens are left out)
         tokens = statistics.median(h["throughput/generated_tokens_per_s"] * h["time/generate_s"] for h in timed)
         share = None if flops is None else 6 * params * tokens / update / flops
-        emit("grpo", variant=variant, step_s=round(step, 3), generate_s=round(generate, 3),
+        emit("grpo", variant=variant, micro_batch_tokens=config.micro_batch_tokens,
+             micro_batch_size=config.micro_batch_size, step_s=round(step, 3), generate_s=round(generate, 3),
              generate_share=round(generate / step, 3), update_s=round(update, 3),
              update_flops_share=None if share is None else round(share, 3),
              times={k: round(v, 3) for k, v in timed[-1].items() if k.startswith("time/")})  # fmt: skip

@@ -9,7 +9,8 @@ The default compares the ways SmolLM2-135M's LoRA GRPO step can store activation
   checkpointed model keeps no KV cache, so each sample re-encodes its prompt);
 - ``one_group``: no checkpointing, one group (4 samples) per micro-batch, its prompt encoded once;
 - ``two_groups``: no checkpointing, 8 samples per micro-batch;
-- ``derived``: no checkpointing, no bound set: ``micro_batch_tokens`` derived from the memory plan.
+- ``derived``: no checkpointing, no bound set: ``micro_batch_tokens`` derived from the memory plan;
+- ``packed``: ``derived`` with padding-free passes (``padding_free``, models/packing.py).
 
 Dynamic sampling is off in every variant: it changes how many rounds a step generates, not the update.
 
@@ -35,6 +36,8 @@ VARIANTS = {
     "two_groups": ["model.gradient_checkpointing=false", "micro_batch_size=8"],
     # no bound set: the passes are sized by the memory plan (train/micro_batch_budget.py)
     "derived": ["model.gradient_checkpointing=false", "micro_batch_size=null"],
+    # the same, padding-free: samples end to end in one row, each prompt computed with its sample
+    "packed": ["model.gradient_checkpointing=false", "micro_batch_size=null", "padding_free=true"],
 }
 MEASURE = (
     "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "

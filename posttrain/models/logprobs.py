@@ -265,8 +265,6 @@ def shared_prompt_logprobs(
     Needs a model that accepts a transformers ``DynamicCache`` (``cache``, or ``past_key_values``
     before transformers 5.2x).
     """
-    from posttrain.models.cache import cache_argument
-
     if response_ids.shape[1] == 0:
         empty = response_ids.new_zeros(response_ids.shape, dtype=torch.float32)
         return empty, (empty if with_entropy else None)
@@ -277,29 +275,36 @@ def shared_prompt_logprobs(
     response_positions = lengths[:, None] + torch.arange(width, device=response_ids.device)
     attended = response_mask if response_attention is None else response_attention
     attention = torch.cat([prompt_mask[prompt_index].long(), attended.long()], dim=1)
-    outputs = first[:, None]  # [B, T, V] logits, or with a plain head [B, T, D] hidden states
-    if width > 1:
+    outputs = _response_outputs(model, head, cache, first, response_ids, attention, response_positions)
+    to_logits = nn.Identity() if head is None else head
+    vocab = outputs.shape[-1] if head is None else head.weight.shape[0]
+    flat = outputs.reshape(-1, outputs.shape[-1])
+    logprobs, entropies = chunked_logprobs(
+        flat, response_ids.reshape(-1), to_logits, vocab, temperature, chunk_size, with_entropy
+    )
+    logprobs = logprobs.view(response_ids.shape) * response_mask
+    return logprobs, None if entropies is None else entropies.view(response_ids.shape) * response_mask
+
+
+def _response_outputs(
+    model: nn.Module, head: nn.Module | None, cache: Any, first: Tensor, response_ids: Tensor, attention: Tensor,
+    positions: Tensor,
+) -> Tensor:  # fmt: skip
+    """The responses run against their prompts' ``cache``: ``[B, T, V]`` logits, or with a plain
+    ``head`` ``[B, T, D]`` hidden states, position t predicting response token t (``first``: the
+    prompts' last output, which predicts token 0)."""
+    from posttrain.models.cache import cache_argument
+
+    outputs = first[:, None]
+    if response_ids.shape[1] > 1:
         runner = model if head is None else model.get_decoder()
         out = runner(
             input_ids=response_ids[:, :-1],
             attention_mask=attention[:, :-1],
-            position_ids=response_positions[:, :-1],
+            position_ids=positions[:, :-1],
             use_cache=True,
             **cache_argument(runner, cache),
         )
         rest = out.logits if head is None else out.last_hidden_state
-        outputs = torch.cat([outputs, rest], dim=1)  # position t predicts response token t
-    if head is None:
-        logprobs, entropies = token_logprobs_and_entropies(
-            outputs, response_ids, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy
-        )
-    else:
-        flat, vocab = outputs.reshape(-1, outputs.shape[-1]), head.weight.shape[0]
-        logprobs, entropies = chunked_logprobs(
-            flat, response_ids.reshape(-1), head, vocab, temperature, chunk_size, with_entropy
-        )
-        logprobs = logprobs.view(response_ids.shape)
-        entropies = None if entropies is None else entropies.view(response_ids.shape)
-    logprobs = logprobs * response_mask
-    entropies = None if entropies is None else entropies * response_mask
-    return logprobs, entropies
+        outputs = torch.cat([outputs, rest], dim=1)
+    return outputs

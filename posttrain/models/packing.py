@@ -36,9 +36,9 @@ PACKED_ATTENTION = "posttrain_packed"
 
 @dataclass(frozen=True)
 class PackedRow:
-    """Samples laid end to end: ``input_ids`` and ``position_ids`` ``[1, N]``, the documents'
-    ``offsets [S + 1]``, and for every response token to score: the flat position whose output
-    predicts it (``predictors``), the token (``targets``), and its (row, column) in ``[B, T]``."""
+    """Sequences laid end to end: ``input_ids`` and ``position_ids`` ``[1, N]``, the documents'
+    ``offsets [S + 1]`` and ``bounds``, and for every token to score the flat position whose
+    output predicts it (``predictors``) and the token (``targets``)."""
 
     input_ids: Tensor
     position_ids: Tensor
@@ -46,40 +46,47 @@ class PackedRow:
     bounds: tuple[tuple[int, int], ...]
     predictors: Tensor
     targets: Tensor
-    rows: Tensor
-    columns: Tensor
+
+    def forward_kwargs(self) -> dict[str, Any]:
+        """What a transformers forward of the row takes: ids, positions, and the documents that
+        :func:`packed_attention` reads (``cu_seq_lens_q``: flash-attention's own keyword)."""
+        return {
+            "input_ids": self.input_ids,
+            "position_ids": self.position_ids,
+            "use_cache": False,
+            "cu_seq_lens_q": self.offsets,
+            "max_length_q": max((end - start for start, end in self.bounds), default=0),
+            "document_bounds": self.bounds,
+        }
 
 
-def pack_samples(prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, widths: Tensor) -> PackedRow:
+def packed_row(ids: Tensor, lengths: Tensor, predictors: Tensor) -> PackedRow:
+    """The row of the documents ``ids [N]`` (their ``lengths [S]`` in order) scoring the tokens
+    after each of ``predictors [M]`` (flat positions)."""
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.long, device=ids.device)
+    offsets[1:] = lengths.cumsum(0)
+    positions = torch.arange(ids.numel(), device=ids.device) - offsets[:-1].repeat_interleave(lengths)
+    bounds = tuple(zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True))
+    return PackedRow(ids[None], positions[None], offsets, bounds, predictors, ids[predictors + 1])
+
+
+def pack_samples(
+    prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, widths: Tensor
+) -> tuple[PackedRow, Tensor, Tensor]:
     """One row holding, per sample b, its prompt's real tokens (``prompt_mask`` 1; prompts are
-    left-padded) then its first ``widths[b]`` response tokens (responses are right-padded)."""
+    left-padded) then its first ``widths[b]`` response tokens (responses are right-padded),
+    scoring every response token; with the (row, column) of each scored token in ``[B, T]``."""
     prompt_lengths = prompt_mask.long().sum(1)
     lengths = prompt_lengths + widths
-    offsets = torch.zeros(len(lengths) + 1, dtype=torch.long, device=prompt_ids.device)
-    offsets[1:] = lengths.cumsum(0)
-    response_columns = torch.arange(response_ids.shape[1], device=response_ids.device)
-    in_response = response_columns[None, :] < widths[:, None]
-    tokens = torch.cat([prompt_ids[prompt_mask.bool()].view(-1, 1), response_ids[in_response].view(-1, 1)], 0)
-    # the real tokens of each sample, in order: prompt tokens first, then its response's
-    starts = offsets[:-1]
+    starts = lengths.cumsum(0) - lengths
+    in_response = torch.arange(response_ids.shape[1], device=response_ids.device)[None, :] < widths[:, None]
     prompt_at = _ranges(starts, prompt_lengths)
     response_at = _ranges(starts + prompt_lengths, widths)
-    ids = torch.empty(int(offsets[-1]), dtype=prompt_ids.dtype, device=prompt_ids.device)
-    ids[prompt_at] = tokens[: prompt_at.numel(), 0]
-    ids[response_at] = tokens[prompt_at.numel() :, 0]
-    positions = torch.arange(ids.numel(), device=ids.device) - starts.repeat_interleave(lengths)
+    ids = torch.empty(int(lengths.sum()), dtype=prompt_ids.dtype, device=prompt_ids.device)
+    ids[prompt_at] = prompt_ids[prompt_mask.bool()]  # row-major: each sample's tokens in order
+    ids[response_at] = response_ids[in_response]
     rows, columns = in_response.nonzero(as_tuple=True)
-    bounds = tuple(zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True))
-    return PackedRow(
-        input_ids=ids[None],
-        position_ids=positions[None],
-        offsets=offsets,
-        bounds=bounds,
-        predictors=response_at - 1,  # the position before each response token predicts it
-        targets=ids[response_at],
-        rows=rows,
-        columns=columns,
-    )
+    return packed_row(ids, lengths, response_at - 1), rows, columns  # the position before a token predicts it
 
 
 def _ranges(starts: Tensor, lengths: Tensor) -> Tensor:
@@ -87,20 +94,6 @@ def _ranges(starts: Tensor, lengths: Tensor) -> Tensor:
     total = int(lengths.sum())
     first = torch.repeat_interleave(starts - torch.cumsum(lengths, 0) + lengths, lengths)
     return first + torch.arange(total, device=starts.device)
-
-
-def packed_forward_kwargs(packed: PackedRow) -> dict[str, Any]:
-    """What a transformers forward of ``packed`` takes: ids, positions, and the document offsets
-    that :func:`packed_attention` reads (flash-attention's own keyword names)."""
-    longest = max((end - start for start, end in packed.bounds), default=0)
-    return {
-        "input_ids": packed.input_ids,
-        "position_ids": packed.position_ids,
-        "use_cache": False,
-        "cu_seq_lens_q": packed.offsets,
-        "max_length_q": longest,
-        "document_bounds": packed.bounds,
-    }
 
 
 def use_packed_attention(model: nn.Module) -> None:
@@ -210,6 +203,29 @@ def _packed_mask(**kwargs: Any) -> Tensor | None:
     return ALL_MASK_ATTENTION_FUNCTIONS[name if name in ALL_MASK_ATTENTION_FUNCTIONS else "sdpa"](**kwargs)
 
 
+def packed_token_logprobs(
+    model: nn.Module,
+    packed: PackedRow,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_size: int | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """``[M]`` float32 log-probs (and entropies) of ``packed.targets`` from one pass over the row;
+    only the predicting positions reach the output layer, a chunk at a time."""
+    use_packed_attention(model)
+    inputs, head = packed.forward_kwargs(), output_layer(model)
+    if head is not None:
+        hidden = model.get_decoder()(**inputs).last_hidden_state[0, packed.predictors]
+        return chunked_logprobs(
+            hidden, packed.targets, head, head.weight.shape[0], temperature, chunk_size, with_entropy
+        )
+    logits = model(**inputs, logits_to_keep=packed.predictors).logits[0]
+    return chunked_logprobs(
+        logits, packed.targets, nn.Identity(), logits.shape[-1], temperature, chunk_size, with_entropy
+    )
+
+
 def packed_logprobs(
     model: nn.Module,
     prompt_ids: Tensor,
@@ -227,20 +243,10 @@ def packed_logprobs(
     response_mask [B, T]`` right-padded, ``widths [B]`` each response's attended tokens (its
     environment turns included). Returns ``[B, T]`` float32 log-probs (and entropies), 0 where
     ``response_mask`` is 0; equal to the padded pass up to float rounding."""
-    use_packed_attention(model)
-    packed = pack_samples(prompt_ids, prompt_mask, response_ids, widths)
-    inputs, head = packed_forward_kwargs(packed), output_layer(model)
-    if head is not None:  # only the predicting positions reach the head, a chunk at a time
-        hidden = model.get_decoder()(**inputs).last_hidden_state[0, packed.predictors]
-        logprobs, entropies = chunked_logprobs(
-            hidden, packed.targets, head, head.weight.shape[0], temperature, chunk_size, with_entropy
-        )
-    else:
-        logits = model(**inputs, logits_to_keep=packed.predictors).logits[0]
-        logprobs, entropies = chunked_logprobs(
-            logits, packed.targets, nn.Identity(), logits.shape[-1], temperature, chunk_size, with_entropy
-        )
-    where = (packed.rows, packed.columns)
+    packed, rows, columns = pack_samples(prompt_ids, prompt_mask, response_ids, widths)
+    logprobs, entropies = packed_token_logprobs(
+        model, packed, temperature=temperature, with_entropy=with_entropy, chunk_size=chunk_size
+    )
     blank = torch.zeros(response_ids.shape, dtype=torch.float32, device=response_ids.device)
-    out = blank.index_put(where, logprobs) * response_mask
-    return out, None if entropies is None else blank.index_put(where, entropies) * response_mask
+    out = blank.index_put((rows, columns), logprobs) * response_mask
+    return out, None if entropies is None else blank.index_put((rows, columns), entropies) * response_mask

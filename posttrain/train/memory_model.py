@@ -174,11 +174,8 @@ def plan_lines(plan: MemoryPlan, device: str, available: int | None) -> list[str
     for phase in plan.phases:
         lines.append(f"  {phase.name:<13} {'+' + human(phase.total):>11}  ({_parts(phase)})")
     where = f" of the {human(available)} {device}" if available else ""
-    kept = (
-        f" (phases ×{plan.transient_factor:g}: freed memory the C allocator keeps)"
-        if plan.transient_factor != 1
-        else ""
-    )
+    kept = f" (phases ×{plan.transient_factor:g}, measured: what a pass takes beyond the tensors listed)"
+    kept = kept if plan.transient_factor != 1 else ""
     lines.append(f"  {'peak':<13} {human(plan.peak):>11}{where}, in the {plan.peak_phase.name}{kept}")
     return lines
 

@@ -3,22 +3,17 @@
 Packing (TRL's ``SFTConfig(packing=True)``) trades padding for concatenation. Done naively it
 is wrong in two ways TRL users keep reporting: the tokens of an example attend to the examples
 packed before it, and positions run on across examples, so a packed example is seen at offsets
-it never has at generation time. Here each row carries
-
-- ``position_ids`` restarting at 0 at every example's first token, and
-- a block-diagonal causal mask ``[B, 1, T, T]``: query i sees key j iff j <= i and both belong
-  to the same example. It is *additive* (0 where allowed, the dtype's minimum elsewhere): the
-  form both the ``sdpa`` and the ``eager`` attention of transformers' Llama/Qwen2 take as is
-  (``masking_utils`` passes a 4D mask through untouched; eager adds it to the scores, so a
-  boolean mask would be wrong there).
-
+it never has at generation time. Here the rows of a pass are laid end to end in one row
+(``models/packing.py``): position ids restart at 0 at every example's first token, and attention
+stays within each example (the examples' offsets go to the attention kernel; no mask is built).
 With both, each example's log-probs equal those of the example alone (tests/train/test_packing.py).
-The loss mask keeps each example's own mask, with its first token cleared: alone, nothing
-predicts that token, and packed, the previous example's last token would.
+Only an example's loss-mask tokens after its first are scored: alone, nothing predicts its first
+token, and packed, the previous example's last token would.
 
 How rows are formed: once, before training, the examples are visited in a seeded random order
 and each goes into the first row with room for it (greedy first-fit). The rows are then the
-units the sampler shuffles each epoch; ``batch_size`` counts them.
+units the sampler shuffles each epoch; ``batch_size`` counts them, and ``max_length`` bounds
+what one row holds.
 """
 
 from __future__ import annotations
@@ -26,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch import Tensor
+
+from posttrain.models.packing import PackedRow, packed_row
 
 Example = tuple[list[int], list[int]]  # (input_ids, loss_mask), as sft.encode_row makes them
 Pack = tuple[Example, ...]
@@ -54,39 +50,17 @@ def pack_examples(examples: Sequence[Example], max_length: int, seed: int) -> li
     return [tuple(b) for b in bins]
 
 
-def collate_packed(packs: Sequence[Pack], pad_token_id: int, dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
-    """input_ids, position_ids, loss_mask [B, T] and the additive block-diagonal causal
-    attention_mask [B, 1, T, T] (``dtype``: the model's) of packed rows, right-padded to the
-    longest row. A padding token is a segment of its own (it sees only itself), so no row of
-    the mask is empty (an all-masked softmax row would be NaN)."""
-    width = max(sum(len(ids) for ids, _ in pack) for pack in packs)
-    batch = len(packs)
-    input_ids = torch.full((batch, width), pad_token_id, dtype=torch.long)
-    position_ids = torch.zeros((batch, width), dtype=torch.long)
-    loss_mask = torch.zeros((batch, width), dtype=torch.float32)
-    # segment id per token: the example's number, or -(position + 1) for padding (unique)
-    segments = -torch.arange(1, width + 1).repeat(batch, 1)
-    for row, pack in enumerate(packs):
-        start = 0
-        for number, (ids, mask) in enumerate(pack):
-            end = start + len(ids)
-            input_ids[row, start:end] = torch.tensor(ids)
-            position_ids[row, start:end] = torch.arange(len(ids))
-            loss_mask[row, start:end] = torch.tensor(mask, dtype=torch.float32)
-            loss_mask[row, start] = 0.0  # nothing of its own predicts an example's first token
-            segments[row, start:end] = number
-            start = end
-    same = segments[:, :, None] == segments[:, None, :]
-    causal = torch.ones(width, width, dtype=torch.bool).tril()
-    allowed = same & causal
-    attention_mask = torch.zeros((batch, 1, width, width), dtype=dtype)
-    attention_mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
-    return {
-        "input_ids": input_ids,
-        "position_ids": position_ids,
-        "attention_mask": attention_mask,
-        "loss_mask": loss_mask,
-    }
+def packed_examples(packs: Sequence[Pack], device: torch.device | str = "cpu") -> PackedRow:
+    """The examples of ``packs`` end to end in one row, each its own document, scoring every
+    loss-mask token of an example after its first."""
+    examples = [example for pack in packs for example in pack]
+    ids = torch.tensor([token for tokens, _ in examples for token in tokens], dtype=torch.long, device=device)
+    lengths = torch.tensor([len(tokens) for tokens, _ in examples], dtype=torch.long, device=device)
+    predictors, start = [], 0
+    for tokens, mask in examples:
+        predictors += [start + j - 1 for j in range(1, len(tokens)) if mask[j]]
+        start += len(tokens)
+    return packed_row(ids, lengths, torch.tensor(predictors, dtype=torch.long, device=device))
 
 
 def padding_fraction(lengths: Sequence[int]) -> float:

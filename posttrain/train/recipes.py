@@ -72,7 +72,8 @@ class SFTRun(LoopConfig):
     packing: bool = False
     """Concatenate examples into sequences of up to `max_length` tokens, so a batch holds (almost)
     no padding. Packed examples do not see each other: positions restart at 0 for each example
-    and attention is block-diagonal causal (a 4D mask; train/packing.py), and the loss stays the
+    and attention stays within each example (a pass's rows run end to end in one row and the
+    attention kernel takes the examples' offsets: no mask is built; train/packing.py), and the loss stays the
     mean over completion tokens, so it does not depend on packing. The rows are packed once,
     before training: examples taken in a random order seeded by `seed`, each into the first row
     with room (greedy first-fit). `batch_size` then counts packed rows, reshuffled each epoch."""

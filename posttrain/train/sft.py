@@ -20,6 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.algos import sft_loss
 from posttrain.models.logprobs import token_logprobs
+from posttrain.models.packing import packed_token_logprobs
 
 Example = tuple[list[int], list[int]]  # (input_ids, loss_mask)
 
@@ -66,9 +67,7 @@ def completion_logprobs(model: PreTrainedModel, batch: Mapping[str, Tensor]) -> 
     targets = loss_mask[:, 1:].any(0).nonzero()
     first = int(targets[0]) + 1 if len(targets) else input_ids.shape[1] - 1  # earliest target position
     keep = input_ids.shape[1] - first + 1
-    # packed rows (train/packing.py) bring position ids restarting per example and a 4D mask
-    extra = {"position_ids": batch["position_ids"]} if "position_ids" in batch else {}
-    logits = model(input_ids=input_ids, attention_mask=batch["attention_mask"], logits_to_keep=keep, **extra).logits
+    logits = model(input_ids=input_ids, attention_mask=batch["attention_mask"], logits_to_keep=keep).logits
     return token_logprobs(logits[:, :-1], input_ids[:, first:]), loss_mask[:, first:]
 
 
@@ -89,7 +88,8 @@ class SFTObjective:
     With ``packing``, the loop's items are packed rows (tuples of examples, from
     :func:`posttrain.train.packing.pack_examples`) instead of examples; the units stay the
     completion tokens of every example, so the loss does not depend on how rows were packed.
-    Each step logs ``train/padding_fraction``: the share of the padded batch that is padding.
+    Each step logs ``train/padding_fraction``: the share of the padded batch that is padding
+    (0 packed: a pass's rows are laid end to end in one row).
     """
 
     loss_name = "loss/sft"
@@ -115,16 +115,15 @@ class SFTObjective:
         return float(sum(sum(mask[1:]) for _, mask in examples))
 
     def loss(self, examples: Sequence[Any], step_units: float) -> tuple[Tensor, dict[str, float]]:
-        from posttrain.train.packing import collate_packed, padding_fraction
+        from posttrain.train.packing import packed_examples, padding_fraction
 
-        parameter = next(self.model.parameters())
-        if self.packing:
-            collated = collate_packed(examples, self.tokenizer.pad_token_id, dtype=parameter.dtype)
-            lengths = [sum(len(ids) for ids, _ in pack) for pack in examples]
-        else:
-            collated = collate(examples, self.tokenizer.pad_token_id)
-            lengths = [len(ids) for ids, _ in examples]
-        batch = {k: v.to(parameter.device) for k, v in collated.items()}
+        device = next(self.model.parameters()).device
+        if self.packing:  # the pass's rows end to end, no padding (train/packing.py)
+            logprobs, _ = packed_token_logprobs(self.model, packed_examples(examples, device))
+            loss = sft_loss(logprobs[None], torch.ones_like(logprobs)[None], "token-mean", num_tokens=step_units)
+            return loss, {"train/padding_fraction": 0.0}
+        collated = collate(examples, self.tokenizer.pad_token_id)
+        batch = {k: v.to(device) for k, v in collated.items()}
         logprobs, mask = completion_logprobs(self.model, batch)
         loss = sft_loss(logprobs, mask, agg_mode="token-mean", num_tokens=step_units)
-        return loss, {"train/padding_fraction": padding_fraction(lengths)}
+        return loss, {"train/padding_fraction": padding_fraction([len(ids) for ids, _ in examples])}

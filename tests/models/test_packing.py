@@ -42,12 +42,12 @@ def test_the_row_holds_each_sample_s_real_tokens_with_its_own_positions():
     prompt_ids = torch.tensor([[0, 5, 6], [7, 8, 9]])
     prompt_mask = (prompt_ids != 0).long()
     response_ids = torch.tensor([[11, 12, 0], [13, 0, 0]])
-    packed = pack_samples(prompt_ids, prompt_mask, response_ids, torch.tensor([2, 1]))
+    packed, rows, columns = pack_samples(prompt_ids, prompt_mask, response_ids, torch.tensor([2, 1]))
     assert packed.input_ids.tolist() == [[5, 6, 11, 12, 7, 8, 9, 13]]
     assert packed.position_ids.tolist() == [[0, 1, 2, 3, 0, 1, 2, 3]]
     assert packed.offsets.tolist() == [0, 4, 8] and packed.bounds == ((0, 4), (4, 8))
     assert packed.predictors.tolist() == [1, 2, 6] and packed.targets.tolist() == [11, 12, 13]
-    assert packed.rows.tolist() == [0, 0, 1] and packed.columns.tolist() == [0, 1, 0]
+    assert rows.tolist() == [0, 0, 1] and columns.tolist() == [0, 1, 0]
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

@@ -5,6 +5,7 @@ exactly."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -13,10 +14,10 @@ import torch
 
 from posttrain.data.tasks.reverse import make_rows
 from posttrain.models.logprobs import token_logprobs
+from posttrain.models.packing import packed_token_logprobs
 from posttrain.models.tiny import build_tiny_causal_lm
 from posttrain.models.tokenizers import build_char_tokenizer
-from posttrain.train import packing
-from posttrain.train.packing import collate_packed, pack_examples
+from posttrain.train.packing import pack_examples, packed_examples
 from posttrain.train.sft import SFTObjective, encode_row
 
 NAMES = ["sean", "akshita", "bo", "marguerite", "li", "ann"]
@@ -40,19 +41,13 @@ def alone_logprobs(model, examples):
     return out
 
 
-def packed_logprobs(model, packs, pad_token_id):
-    batch = collate_packed(packs, pad_token_id)
-    logits = model(
-        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
-    ).logits
-    logprobs = token_logprobs(logits[:, :-1], batch["input_ids"][:, 1:])
-    out = []
-    for row, pack in enumerate(packs):
-        start = 0
-        for ids, _ in pack:  # the tokens an example predicts of itself: its positions 1..n-1
-            out.append(logprobs[row, start : start + len(ids) - 1])
-            start += len(ids)
-    return out
+def packed_logprobs(model, packs):
+    """Each example's per-token log-probs from one padding-free pass over every pack, end to end
+    (scoring every token after an example's first, whatever its loss mask)."""
+    full = [tuple((ids, [1] * len(ids)) for ids, _ in pack) for pack in packs]
+    logprobs, _ = packed_token_logprobs(model, packed_examples(full))
+    sizes = [len(ids) - 1 for pack in packs for ids, _ in pack]
+    return list(logprobs.split(sizes))
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -65,7 +60,7 @@ def test_packed_examples_have_the_log_probs_and_loss_of_the_unpacked_ones(tokeni
     flat = [example for pack in packs for example in pack]
     with torch.no_grad():
         alone = alone_logprobs(model, flat)
-        packed = packed_logprobs(model, packs, tokenizer.pad_token_id)
+        packed = packed_logprobs(model, packs)
         for a, p in zip(alone, packed, strict=True):
             torch.testing.assert_close(p, a, atol=1e-5, rtol=1e-5)
         # the loss as the loop computes it, normalised per completion token either way
@@ -76,40 +71,28 @@ def test_packed_examples_have_the_log_probs_and_loss_of_the_unpacked_ones(tokeni
     assert packed_loss.item() == pytest.approx(plain_loss.item(), rel=1e-5)
 
 
-def test_a_mask_that_lets_examples_see_each_other_changes_the_log_probs(tokenizer, monkeypatch):
-    """The comparison above can fail: with a plain causal mask over the whole row, the second
-    example of a row attends to the first and its log-probs move."""
+def test_a_row_whose_examples_see_each_other_changes_the_log_probs(tokenizer):
+    """The comparison above can fail: with the whole row one document, the second example
+    attends to the first and its log-probs move."""
     model = build_tiny_causal_lm(len(tokenizer), layers=2, hidden=32, heads=2, seed=0, tokenizer=tokenizer)
     examples = examples_of(tokenizer, NAMES[:2])
-    packs = [tuple(examples)]
-    real = packing.collate_packed
-
-    def leaky(packs, pad_token_id, dtype=torch.float32):
-        batch = real(packs, pad_token_id, dtype)
-        width = batch["input_ids"].shape[1]
-        causal = torch.ones(width, width, dtype=torch.bool).tril()
-        batch["attention_mask"] = torch.zeros_like(batch["attention_mask"]).masked_fill(~causal, -1e9)
-        return batch
-
     with torch.no_grad():
         alone = alone_logprobs(model, examples)
-        right = packed_logprobs(model, packs, tokenizer.pad_token_id)
-        monkeypatch.setattr(packing, "collate_packed", leaky)
-        batch = leaky(packs, tokenizer.pad_token_id)
-        logits = model(**{k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}).logits
-        wrong = token_logprobs(logits[:, :-1], batch["input_ids"][:, 1:])[0, len(examples[0][0]) :]
+        right = packed_logprobs(model, [tuple(examples)])
+        row = packed_examples([tuple((ids, [1] * len(ids)) for ids, _ in examples)])
+        width = row.input_ids.shape[1]
+        leaky = dataclasses.replace(row, offsets=torch.tensor([0, width]), bounds=((0, width),))
+        wrong, _ = packed_token_logprobs(model, leaky)
     torch.testing.assert_close(right[1], alone[1], atol=1e-5, rtol=1e-5)
-    assert (wrong - alone[1]).abs().max() > 1e-3
+    assert (wrong[len(examples[0][0]) - 1 :] - alone[1]).abs().max() > 1e-3
 
 
-def test_collate_packed_restarts_positions_and_masks_each_examples_first_token(tokenizer):
-    batch = collate_packed([(([5, 6, 7], [0, 1, 1]), ([8, 9], [1, 1])), (([4], [1]),)], pad_token_id=0)
-    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9], [4, 0, 0, 0, 0]]
-    assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1], [0, 0, 0, 0, 0]]
-    assert batch["loss_mask"].tolist() == [[0, 1, 1, 0, 1], [0, 0, 0, 0, 0]]
-    allowed = (batch["attention_mask"][:, 0] == 0).int().tolist()
-    assert allowed[0] == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 1, 1]]
-    assert allowed[1] == [[1, 0, 0, 0, 0], [0, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 0, 1]]
+def test_the_row_restarts_positions_and_scores_no_example_s_first_token():
+    row = packed_examples([(([5, 6, 7], [0, 1, 1]), ([8, 9], [1, 1])), (([4], [1]),)])
+    assert row.input_ids.tolist() == [[5, 6, 7, 8, 9, 4]]
+    assert row.position_ids.tolist() == [[0, 1, 2, 0, 1, 0]]
+    assert row.bounds == ((0, 3), (3, 5), (5, 6))
+    assert row.predictors.tolist() == [0, 1, 3] and row.targets.tolist() == [6, 7, 9]
 
 
 def test_first_fit_fills_rows_in_a_seeded_order():
