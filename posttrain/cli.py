@@ -56,10 +56,8 @@ def _train(args: argparse.Namespace) -> int:
 
         os.environ["POSTTRAIN_COMMAND"] = shlex.join(["posttrain", *args.argv])  # what a rank's message quotes
         return launch(without_option(args.argv, "--nproc-per-node"), args.nproc_per_node)
-    if args.options:
-        for key, default, doc in describe(config_cls):
-            print(f"{key:<34} {default:<22} {doc}")
-        return 0
+    if args.options or args.print_config:
+        return _show_config(args, config_cls, describe)
     if args.resume is not None:
         args.overrides.append(f"resume={args.resume}")
     config = load(config_cls, args.config, args.overrides)
@@ -88,6 +86,38 @@ def _train(args: argparse.Namespace) -> int:
         for line in closing_lines(config.output_dir):
             print(f"[{args.command}] {line}")
         print(f"[{args.command}] done: model {config.output_dir}/final, report {config.output_dir}/report.html")
+    return 0
+
+
+def _show_config(args: argparse.Namespace, config_cls: type, describe: Callable) -> int:
+    """``--print-config``: the resolved config with origins; ``--options``: every key's default
+    and meaning, or given a config, its resolved value and origin."""
+    from posttrain.train.config_view import layered_values, print_config_lines, resolved_with_origins, shown
+
+    if args.print_config:
+        print("\n".join(print_config_lines(*resolved_with_origins(args.command, args.config, args.overrides))))
+        return 0
+    given = layered_values(args.command, args.config, args.overrides)
+    for key, default, doc in describe(config_cls):
+        value, origin = given.get(key, (None, "default"))
+        inside = {k[len(key) + 1 :]: v for k, v in given.items() if k.startswith(f"{key}.")}  # a free-form mapping
+        if inside:
+            value, origin = {k: v for k, (v, _) in inside.items()}, ", ".join(sorted({o for _, o in inside.values()}))
+        value = default if origin == "default" else shown(value)
+        print(f"{key:<34} {value:<22} {doc}" if not given else f"{key:<34} {value:<22} {origin:<18} {doc}")
+    return 0
+
+
+def _diff(args: argparse.Namespace) -> int:
+    from posttrain.train.config_view import comparable, differences, shown
+
+    (first_name, first), (second_name, second) = comparable(args.a, args.read_as), comparable(args.b, args.read_as)
+    rows = differences(first, second)
+    print(f"[diff] {first_name} -> {second_name}: {len(rows)} value(s) differ")
+    width = max((len(key) for key, _, _ in rows), default=0)
+    for key, a, b in rows:
+        print(f"  {key:<{width}}  {a if isinstance(a, str) and a == '(absent)' else shown(a)} -> "
+              f"{b if isinstance(b, str) and b == '(absent)' else shown(b)}")  # fmt: skip
     return 0
 
 
@@ -192,7 +222,17 @@ def build_parser() -> argparse.ArgumentParser:
         )
         sub.add_argument("--config", help="a YAML config file (e.g. configs/reverse_sft.yaml)")
         sub.add_argument("--resume", help='"auto" (newest complete checkpoint in output_dir) or a checkpoint path')
-        sub.add_argument("--options", action="store_true", help="list every config key with its default and meaning")
+        sub.add_argument(
+            "--options",
+            action="store_true",
+            help="list every config key with its default and meaning (given --config or key=value: "
+            "the value they resolve to, and where it comes from)",
+        )
+        sub.add_argument(
+            "--print-config",
+            action="store_true",
+            help="print the resolved config (defaults, preset, --config, key=value), each value's origin; exit",
+        )
         sub.add_argument(
             "--plan", action="store_true", help="print the run's memory per phase against the device's, then exit"
         )
@@ -247,6 +287,19 @@ def _add_eval(commands: Any, debug: argparse.ArgumentParser) -> None:
     )
     report.add_argument("run_dir", help="a run's output_dir, e.g. runs/reverse_grpo")
     report.set_defaults(handler=_report)
+    diff = commands.add_parser(
+        "diff",
+        parents=[debug],
+        help="the config values two runs, config files or presets differ in",
+        description="Compare two resolved configs key by key: a run folder (its config.yaml), a config file "
+        "(resolved as --command's, defaults filled in) or an rl algorithm preset (e.g. grpo, dapo).",
+    )
+    diff.add_argument("a", help="a run folder, a config file or a preset")
+    diff.add_argument("b", help="the same kinds")
+    diff.add_argument(
+        "--command", dest="read_as", choices=list(TRAINING_COMMANDS), default="rl", help="how to read config files"
+    )
+    diff.set_defaults(handler=_diff)
 
 
 def _add_models(commands: Any, debug: argparse.ArgumentParser) -> None:

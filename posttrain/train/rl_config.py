@@ -401,8 +401,12 @@ def _normalise_algorithm(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
-def load_rl_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RLRun:
-    """defaults ← preset ← YAML file ← dotted overrides, validated as one.
+def rl_config_layers(
+    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> list[tuple[str, dict[str, Any]]]:
+    """What an RL config is made of, lowest first, each layer named by where it comes from: the
+    algorithm preset's keys (``preset NAME``), the YAML file's, the command line's. Merged in
+    order, each over the ones before, they are the config the defaults then complete.
 
     ``algorithm: grpo`` (file or override) selects a preset; the file's and the overrides'
     other ``algorithm.*`` keys are applied on top of it, whichever order they come in.
@@ -417,11 +421,21 @@ def load_rl_config(path: str | Path | None = None, overrides: list[str] | tuple[
     if "preset" in update.get("algorithm", {}):
         # a new preset on the command line replaces the file's algorithm section entirely
         raw = {**raw, "algorithm": {}}
-    merged = deep_merge(raw, update)
-    algorithm = merged.get("algorithm")
+    layers: list[tuple[str, dict[str, Any]]] = []
+    algorithm = deep_merge(raw, update).get("algorithm")
     if isinstance(algorithm, dict) and algorithm.get("preset"):
-        merged["algorithm"] = deep_merge(read_preset(algorithm["preset"]), algorithm)
-        rollout = preset_rollout(algorithm["preset"])
-        if rollout:
-            merged = deep_merge({"rollout": rollout}, merged)
+        name = algorithm["preset"]
+        rollout = preset_rollout(name)
+        layers.append((f"preset {name}", {"algorithm": read_preset(name), **({"rollout": rollout} if rollout else {})}))
+    if path is not None:
+        layers.append((str(path), raw))
+    layers.append(("command line", update))
+    return layers
+
+
+def load_rl_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RLRun:
+    """defaults ← preset ← YAML file ← dotted overrides, validated as one (:func:`rl_config_layers`)."""
+    merged: dict[str, Any] = {}
+    for _, layer in rl_config_layers(path, overrides):
+        merged = deep_merge(merged, layer)
     return validate_config(RLRun, merged, source=str(path) if path else "the command line")
