@@ -56,3 +56,24 @@ def value_loss(
             "explained_variance": 1.0 - residual_var / returns_var.clamp(min=1e-8),
         }
     return loss, metrics
+
+
+EXPLAINED_VARIANCE_PARTS = ("count", "residual_sum", "residual_squares", "returns_sum", "returns_squares")
+
+
+def explained_variance_parts(values: Tensor, returns: Tensor, response_mask: Tensor) -> dict[str, float]:
+    """Masked sums from which the explained variance of R by v follows (:func:`explained_variance_of`):
+    summed over micro-batches (or ranks) they give the whole batch's, which a mean of the parts'
+    own explained variances does not."""
+    mask = response_mask.to(torch.float64)
+    residual, target = (returns - values).detach().double() * mask, returns.detach().double() * mask
+    sums = (mask.sum(), residual.sum(), (residual * residual).sum(), target.sum(), (target * target).sum())
+    return {name: float(value) for name, value in zip(EXPLAINED_VARIANCE_PARTS, sums, strict=True)}
+
+
+def explained_variance_of(parts: dict[str, float]) -> float:
+    """1 − Var(R − v) / Var(R) from :func:`explained_variance_parts` (population variances)."""
+    n = max(parts["count"], 1.0)
+    residual_var = parts["residual_squares"] / n - (parts["residual_sum"] / n) ** 2
+    returns_var = parts["returns_squares"] / n - (parts["returns_sum"] / n) ** 2
+    return 1.0 - residual_var / max(returns_var, 1e-8)

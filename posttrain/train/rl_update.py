@@ -25,6 +25,7 @@ from posttrain.algos import (
     value_loss,
 )
 from posttrain.algos.mismatch import rollout_mismatch, truncated_is_weights
+from posttrain.algos.value import EXPLAINED_VARIANCE_PARTS, explained_variance_of, explained_variance_parts
 from posttrain.devices import compute_precision, model_device
 from posttrain.distributed import is_sharded, world
 from posttrain.errors import TrainingDiverged
@@ -135,9 +136,13 @@ class PolicyUpdate:
                     continue
                 # sums-of-means in proportion to each micro-batch's tokens: the minibatch mean (the
                 # loss terms are already parts of it: aggregated with the minibatch's normaliser)
-                weight = 1.0 if key in MINIBATCH_PARTS else share
+                weight = 1.0 if key in MINIBATCH_PARTS or key.startswith("critic/explained_variance/") else share
                 sums[key] = sums.get(key, 0.0) + value * weight
         sums = self.ranks.reduce_metrics(sums, summed=True)  # each rank's sums are parts of the minibatch's
+        parts = {name: sums.pop(f"critic/explained_variance/{name}") for name in EXPLAINED_VARIANCE_PARTS
+                 if f"critic/explained_variance/{name}" in sums}  # fmt: skip
+        if parts:
+            sums["critic/explained_variance"] = explained_variance_of(parts)
         sums["train/active_fraction"] = active_fraction
         sums["policy/grad_norm"] = self._optimizer_step(step)
         return sums
@@ -277,8 +282,9 @@ class PolicyUpdate:
             values.float(), micro.values, micro.returns, micro.loss_mask, clip_range=critic_cfg.value_clip
         )
         (loss * share).backward()  # no loss_coef: AdamW would cancel it (CriticSection)
+        parts = explained_variance_parts(values.float(), micro.returns, micro.loss_mask)
         return {
             "loss/value": float(loss.detach()),
             "critic/clip_fraction": float(metrics["clip_fraction"]),
-            "critic/explained_variance": float(metrics["explained_variance"]),
+            **{f"critic/explained_variance/{name}": value for name, value in parts.items()},
         }

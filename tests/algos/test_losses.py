@@ -91,3 +91,23 @@ def test_actor_loss_adds_entropy_bonus_and_kl_with_the_same_aggregation():
     torch.testing.assert_close(metrics["entropy"], t(2.0))
     seq_total, _ = actor_loss(t(1.0), mask, entropy=entropy, entropy_coef=0.01, agg_mode="seq-mean-token-mean")
     torch.testing.assert_close(seq_total, t(1.0 - 0.01 * (1.5 + 3.0) / 2))
+
+
+def test_explained_variance_parts_add_up_to_the_whole_batch_s():
+    """Summed over two halves of a batch, the parts give value_loss's explained variance of the
+    whole batch; the mean of the halves' own explained variances does not."""
+    from posttrain.algos.value import explained_variance_of, explained_variance_parts, value_loss
+
+    g = torch.Generator().manual_seed(0)
+    returns = torch.randn(6, 5, generator=g) * torch.tensor([[1.0], [1.0], [1.0], [9.0], [9.0], [9.0]])
+    values = returns + torch.randn(6, 5, generator=g)
+    mask = (torch.rand(6, 5, generator=g) > 0.2).float()
+    _, whole = value_loss(values, values, returns, mask)
+    halves = [explained_variance_parts(values[rows], returns[rows], mask[rows]) for rows in (slice(0, 3), slice(3, 6))]
+    summed = {name: halves[0][name] + halves[1][name] for name in halves[0]}
+    assert explained_variance_of(summed) == pytest.approx(float(whole["explained_variance"]), abs=1e-5)
+    own = [
+        float(value_loss(values[r], values[r], returns[r], mask[r])[1]["explained_variance"])
+        for r in (slice(0, 3), slice(3, 6))
+    ]
+    assert abs(sum(own) / 2 - float(whole["explained_variance"])) > 0.05

@@ -88,7 +88,15 @@ def test_token_bounded_passes_train_as_the_whole_minibatch(tmp_path):
         )
     chunked = chunked_run.run()
     assert len(passes) > 8 and all(rows == 1 or rows * width <= 40 for rows, width in passes)
-    for key in ("reward/mean", "loss/value", "loss/policy", "policy/entropy", "policy/grad_norm"):
+    keys = (
+        "reward/mean",
+        "loss/value",
+        "loss/policy",
+        "policy/entropy",
+        "policy/grad_norm",
+        "critic/explained_variance",
+    )
+    for key in keys:
         assert [h[key] for h in chunked] == pytest.approx([h[key] for h in whole], rel=1e-4, abs=1e-6), key
 
 
