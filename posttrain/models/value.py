@@ -53,10 +53,13 @@ def load_value_model(
     head_std: float = 0.0,
 ) -> PreTrainedModel:
     """A critic from a local folder: a saved critic (token classifier with one label) loads as
-    it was saved; a policy folder (a causal LM) gives its body and a fresh head as in
+    it was saved; a reward model (a sequence classifier with one label, ``posttrain rm``) gives
+    its body and its scalar head, read at every position (its head has no bias: the critic's
+    starts at zero); a policy folder (a causal LM) gives its body and a fresh head as in
     :func:`value_model_from_policy`. Either way the head has no dropout."""
     architectures = read_config(path, trust_remote_code=trust_remote_code).architectures or []
     is_critic = any(name.endswith("ForTokenClassification") for name in architectures)
+    is_scorer = any(name.endswith("ForSequenceClassification") for name in architectures)
     critic = load_pretrained(
         AutoModelForTokenClassification,
         path,
@@ -66,7 +69,13 @@ def load_value_model(
         trust_remote_code=trust_remote_code,
         config_updates=_CRITIC_CONFIG,
     )
-    if not is_critic:
+    if is_scorer:  # the same ``score`` weight, loaded; the bias the scorer lacks starts at 0
+        bias = value_head(critic).bias
+        if bias is not None:
+            with torch.no_grad():
+                bias.zero_()
+        log.info("critic from %s: the reward model's body and head", path)
+    elif not is_critic:
         init_value_head(critic, head_std)
         log.info("critic from %s: body from the policy folder, value head initialised here", path)
     return critic

@@ -143,8 +143,9 @@ def rl_plan(config: Any, shape: ModelShape, prompt_tokens: int, reward_models: S
     engine = 2 if a == 2 and not _on_cpu(config) else p  # bf16 copies on an accelerator (rl_sources.py)
     lora = config.model.lora is not None
     resident = _resident(config, shape, reference=config.algorithm.kl.needs_reference)
-    if config.algorithm.critic is not None:  # a copy of the body with a scalar head, trained in full
-        body = shape.parameters() - (0 if shape.tied else shape.vocab * shape.hidden)
+    critic = _critic_shape(config, shape)
+    if critic is not None:  # a copy of the body (or the folder's) with a scalar head, trained in full
+        body = critic.parameters() - (0 if critic.tied else critic.vocab * critic.hidden)
         resident.parts["critic"] = body * p * 4  # weights, gradients, two moments
     for index, scorer in enumerate(reward_models):
         head = 0 if scorer.tied else scorer.vocab * scorer.hidden  # a scorer has no output layer
@@ -184,12 +185,24 @@ def rl_plan(config: Any, shape: ModelShape, prompt_tokens: int, reward_models: S
             },
         )
     )
-    if config.algorithm.critic is not None:  # its passes read whole sequences and have one output
+    if critic is not None:  # its passes read whole sequences and have one output
         whole = micro * length
-        phases.append(Phase("values", {"activations": shape.layer_temporaries(whole, a)}))
-        saved = shape.saved_activations(whole, a, checkpointing) + shape.layer_temporaries(whole, a)
+        phases.append(Phase("values", {"activations": critic.layer_temporaries(whole, a)}))
+        saved = critic.saved_activations(whole, a, checkpointing) + critic.layer_temporaries(whole, a)
         phases.append(Phase("critic update", {"activations": saved, "attention mask": micro * length * length}))
     return MemoryPlan(resident, phases, _runtime(config), _transient_factor(config))
+
+
+def _critic_shape(config: Any, policy: ModelShape) -> ModelShape | None:
+    """The critic's shape: the policy's, or that of the folder ``algorithm.critic.init_from`` names."""
+    critic = config.algorithm.critic
+    if critic is None:
+        return None
+    if critic.init_from is None:
+        return policy
+    from posttrain.models.loading import read_config
+
+    return ModelShape.from_config(read_config(critic.init_from).to_dict())
 
 
 def micro_rows(config: Any, minibatch: int, length: int) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import Tensor
 
-from posttrain.config import dump_config
+from posttrain.config import ConfigError, dump_config
 from posttrain.devices import resolve_device
 from posttrain.distributed import join, note_strategy
 from posttrain.envs import resolve_environment
@@ -162,3 +162,23 @@ def check_settings(config: RLRun, *, model_given: bool = False) -> None:
         check_replay_folder(config.rollout.replay, config.steps, run_shape(config))
     if config.env is not None:  # the class is imported and its options checked here
         resolve_environment(config.env.name, config.env.options)
+    check_critic_folder(config)
+
+
+def check_critic_folder(config: RLRun) -> None:
+    """``algorithm.critic.init_from``: a model folder whose vocabulary is the policy's (the critic
+    reads the policy's token ids)."""
+    critic = config.algorithm.critic
+    if critic is None or critic.init_from is None:
+        return
+    from posttrain.models.loading import check_model_folder, read_config
+    from posttrain.train.plan import model_shape
+
+    folder = check_model_folder(critic.init_from)
+    theirs, ours = read_config(folder).vocab_size, model_shape(config.model).vocab
+    if theirs != ours:
+        raise ConfigError(
+            f"algorithm.critic.init_from = {critic.init_from!r} has a vocabulary of {theirs} tokens and the "
+            f"policy one of {ours}: the critic reads the policy's token ids, so start it from a reward model "
+            "trained on the policy's own base model (or leave init_from unset)"
+        )

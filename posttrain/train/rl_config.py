@@ -92,6 +92,10 @@ class CriticSection(Section):
 
     learning_rate: float = Field(1e-3, gt=0)
     """AdamW rate of the critic."""
+    init_from: str | None = None
+    """A folder to start the critic from instead of the policy's body with a zero head: a
+    reward model (``posttrain rm``'s final/: its body and its scalar head, so the values start
+    as its scores), or a saved critic. It must read the policy's token ids (the same vocabulary)."""
     value_clip: float | None = Field(0.5, gt=0)
     """Clip range of the value loss around the rollout-time values; null: unclipped."""
     loss_coef: float = 1.0
