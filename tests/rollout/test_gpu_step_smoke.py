@@ -17,12 +17,16 @@ def test_gpu_step_checks_pass_on_the_cpu(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     script = str(ROOT / "benchmarks/gpu_step.py")
     command = [sys.executable, script, "--device", "cpu", "--cases", "check", "grpo", "memory"]
+    command += ["--grpo-variants", "graphs", "graphs_packed"]  # sized by the plan; padding-free
     run = subprocess.run([*command, "--output", str(output)], capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     lines = [json.loads(line) for line in output.read_text().splitlines()]
     checks = {line["check"]: line["passed"] for line in lines if line["case"] == "check"}
-    assert len(checks) == 7 and all(checks.values()), checks
+    assert len(checks) == 9 and all(checks.values()), checks  # the jagged-kernel checks need CUDA
+    assert checks["packed_equals_padded_fp32"] and checks["packed_equals_padded_bf16"]
     steps = [line for line in lines if line["case"] == "grpo"]
-    assert [s["graphs"] for s in steps] == [False, True] and all(s["step_s"] > 0 for s in steps)
-    sized = [line for line in lines if line["case"] == "memory"]  # full fine-tuning, then LoRA
-    assert [s["lora"] for s in sized] == [False, True] and all(s["micro_batch_tokens"] for s in sized)
+    assert [s["variant"] for s in steps] == ["graphs", "graphs_packed"] and all(s["step_s"] > 0 for s in steps)
+    assert all(s["micro_batch_tokens"] and s["micro_batch_size"] is None for s in steps)  # derived by the plan
+    sized = [line for line in lines if line["case"] == "memory"]
+    assert [s["variant"] for s in sized] == ["full", "lora_r16", "full_packed"]
+    assert all(s["micro_batch_tokens"] and "error" not in s for s in sized)
