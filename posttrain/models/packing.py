@@ -22,6 +22,7 @@ response token reach the output layer (chunk by chunk, ``models/logprobs.py``).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,8 +110,19 @@ def use_packed_attention(model: nn.Module) -> None:
     AttentionInterface.register(PACKED_ATTENTION, packed_attention)
     AttentionMaskInterface.register(PACKED_ATTENTION, _packed_mask)
     for config in {id(m.config): m.config for m in base.modules() if hasattr(m, "config")}.values():
-        config._posttrain_unpacked = getattr(config, "_attn_implementation", None) or current
+        _UNPACKED[id(config)] = (weakref.ref(config), getattr(config, "_attn_implementation", None) or current)
     base.set_attn_implementation(PACKED_ATTENTION)
+
+
+# the implementation each switched config had, kept here rather than on the config (whose
+# attributes save_pretrained writes into config.json): id → (the config, weakly; its name)
+_UNPACKED: dict[int, tuple[weakref.ref, str]] = {}
+
+
+def _previous(config: Any) -> str:
+    """The attention implementation ``config`` had before :func:`use_packed_attention`."""
+    held, name = _UNPACKED.get(id(config), (None, "sdpa"))
+    return name if held is not None and held() is config else "sdpa"
 
 
 def packed_attention(
@@ -143,7 +155,7 @@ def _unpacked(module: nn.Module) -> Any:
     registry: SDPA, which computes the same attention, stands in for it)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    name = getattr(module.config, "_posttrain_unpacked", "sdpa")
+    name = _previous(module.config)
     return ALL_ATTENTION_FUNCTIONS[name if name in ALL_ATTENTION_FUNCTIONS else "sdpa"]
 
 
@@ -199,7 +211,7 @@ def _packed_mask(**kwargs: Any) -> Tensor | None:
     square = kwargs.get("q_length") == kwargs.get("kv_length") and not kwargs.get("kv_offset")
     if kwargs.get("attention_mask") is None and square and not kwargs.get("local_size"):
         return None
-    name = getattr(kwargs.get("config"), "_posttrain_unpacked", "sdpa")
+    name = _previous(kwargs.get("config"))
     return ALL_MASK_ATTENTION_FUNCTIONS[name if name in ALL_MASK_ATTENTION_FUNCTIONS else "sdpa"](**kwargs)
 
 

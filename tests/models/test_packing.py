@@ -96,3 +96,17 @@ def test_a_sliding_window_cuts_each_document_alone():
         scores = (q[:, :, start:end] @ k[:, :, start:end].transpose(-1, -2)) / 2.0
         expected = scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v[:, :, start:end]
         torch.testing.assert_close(out[:, start:end], expected.transpose(1, 2), atol=1e-6, rtol=0)
+
+
+def test_a_switched_model_saves_a_plain_config(tmp_path):
+    """The switch is this process's: the saved folder names no posttrain attention and loads
+    with plain transformers as it was."""
+    from transformers import AutoModelForCausalLM
+
+    model = build_tiny_causal_lm(50, layers=1, hidden=32, heads=4, seed=0)
+    prompt_ids, prompt_mask, response_ids, response_mask, attended = batch()
+    packed_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, attended.sum(1))
+    model.save_pretrained(tmp_path)
+    text = (tmp_path / "config.json").read_text()
+    assert "posttrain" not in text
+    assert AutoModelForCausalLM.from_pretrained(tmp_path).config._attn_implementation == "sdpa"
