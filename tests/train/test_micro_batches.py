@@ -100,12 +100,13 @@ def test_token_bounded_passes_train_as_the_whole_minibatch(tmp_path):
         assert [h[key] for h in chunked] == pytest.approx([h[key] for h in whole], rel=1e-4, abs=1e-6), key
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_padding_free_passes_train_as_padded_ones(tmp_path, arch):
+@pytest.mark.parametrize("arch, lora", [("llama", False), ("qwen2", False), ("llama", True)])
+def test_padding_free_passes_train_as_padded_ones(tmp_path, arch, lora):
     """GRPO with KL in the loss (reference passes) and an entropy bonus: packed passes of at most
-    60 real tokens give the padded whole-minibatch run's losses, KL and gradient norms."""
+    60 real tokens give the padded whole-minibatch run's losses, KL and gradient norms (LoRA too)."""
     base = [f"model.tiny.arch={arch}", "algorithm=grpo", "steps=2", "algorithm.kl.placement=loss",
             "algorithm.kl.coef=0.05", "algorithm.entropy_coef=0.01"]  # fmt: skip
+    base += ["model.lora={r: 4, alpha: 8}"] if lora else []
     padded = make_run(tmp_path, base, name="padded").run()
     run = make_run(tmp_path, [*base, "padding_free=true", "micro_batch_tokens=60"], name="packed")
     rows: list[int] = []
