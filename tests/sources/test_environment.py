@@ -311,12 +311,20 @@ RUN += ["max_new_tokens=12", "env.name=support_bot", "env.max_turns=3", "steps=2
 RUN += ["learning_rate=1e-3", "log_samples=6", 'sampling.stop=["?", e, a]']
 
 
+def bot_vowel_share(prompts, completions, **columns):
+    """Share of vowels in the bot's turns: it varies between a random model's episodes, whose
+    support_bot returns are all alike (never resolved), so every estimator has a signal."""
+    texts = [" ".join(m["content"] for m in c if m["role"] == "assistant") for c in completions]
+    return [sum(ch in "aeiou" for ch in text) / max(len(text), 1) for text in texts]
+
+
 @pytest.mark.parametrize("algorithm", ["grpo", "rloo", "ppo"])
 def test_grpo_rloo_and_ppo_train_on_episodes_unchanged(tmp_path, algorithm):
     from posttrain.telemetry.metrics import read_jsonl
     from posttrain.train.rl import OnlineRL
 
-    config = load_rl_config(None, [*RUN, f"algorithm={algorithm}", f"output_dir={tmp_path / 'run'}"])
+    spread = "rewards=[tests.sources.test_environment:bot_vowel_share]"
+    config = load_rl_config(None, [*RUN, spread, f"algorithm={algorithm}", f"output_dir={tmp_path / 'run'}"])
     run = OnlineRL(config, echo=lambda line: None)
     before = {k: v.clone() for k, v in run.policy.state_dict().items()}
     history = run.run()
@@ -325,6 +333,7 @@ def test_grpo_rloo_and_ppo_train_on_episodes_unchanged(tmp_path, algorithm):
         assert record["env/errors"] == 0 and 1 <= record["env/turns_mean"] <= 3
         assert math.isfinite(record["loss/policy"]) and "env/resolved" in record
     assert {"eval/resolved", "eval/turns_mean", "eval/reward"} <= set(history[-1])
+    assert all(record["advantage/abs_max"] > 0 and record["policy/grad_norm"] > 1e-4 for record in history)
     assert any(not torch.equal(before[k], v) for k, v in run.policy.state_dict().items())
     samples = read_jsonl(tmp_path / "run" / "samples.jsonl")
     conversation = samples[0]["completion"]
