@@ -81,6 +81,15 @@ def load_value_model(
     return critic
 
 
+def critic_for(policy: PreTrainedModel, init_from: str | Path | None = None) -> PreTrainedModel:
+    """A run's critic, in training mode, on the policy's device and in its dtype: the policy's body
+    with a zero head, or the folder ``init_from`` names (:func:`load_value_model`)."""
+    if init_from is None:
+        return value_model_from_policy(policy).train()
+    parameter = next(policy.parameters())
+    return load_value_model(init_from, dtype=parameter.dtype, device=parameter.device).train()
+
+
 def init_value_head(critic: PreTrainedModel, std: float = 0.0) -> None:
     """Zero the head (``std=0``) or draw it from N(0, std²); the bias starts at zero."""
     head = value_head(critic)

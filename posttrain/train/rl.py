@@ -44,7 +44,7 @@ from posttrain.devices import resolve_device
 from posttrain.distributed import world
 from posttrain.memory import return_free_memory
 from posttrain.models.section import build_model_and_tokenizer
-from posttrain.models.value import load_value_model, value_model_from_policy
+from posttrain.models.value import critic_for
 from posttrain.rewards import NamedReward, RewardSet
 from posttrain.rewards.registry import resolve_rewards
 from posttrain.rollout.batch import RolloutBatch
@@ -118,7 +118,7 @@ class OnlineRL:
         # models around the policy
         self.reference = self._build_reference() if self.algo.kl.needs_reference else None
         # the value model: the policy's body with a fresh scalar head, or a given folder's (models/value.py)
-        self.critic = self._build_critic()
+        self.critic = None if self.algo.critic is None else critic_for(self.policy, self.algo.critic.init_from)
         self.engine = learner_engine(config, self.policy, tokenizer, self.echo)
         self.source, self.evaluation = self._build_source(train_rows)
 
@@ -192,16 +192,6 @@ class OnlineRL:
             max_failed_fraction=config.reward_max_failed_fraction,
             pool=reward_pool(config),  # worker processes here, or Ray tasks (cluster.kind: ray)
         )
-
-    def _build_critic(self) -> nn.Module | None:
-        settings = self.algo.critic
-        if settings is None:
-            return None
-        if settings.init_from is None:
-            return value_model_from_policy(self.policy).train()
-        parameter = next(self.policy.parameters())
-        critic = load_value_model(settings.init_from, dtype=parameter.dtype, device=parameter.device)
-        return critic.train()
 
     def _build_reference(self) -> nn.Module | None:
         """The KL anchor: the initial policy. With LoRA it is the same model with adapters
