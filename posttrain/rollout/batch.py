@@ -123,10 +123,7 @@ class RolloutBatch:
         prompt, right of the longest response): a subset of a batch is often narrower."""
         prompt_start = int((self.prompt_mask.sum(0) > 0).long().argmax()) if len(self) else 0
         # past the last attended token of any row (an episode's mask has gaps: its environment turns)
-        attended = self.response_attention_mask
-        positions = torch.arange(1, attended.shape[1] + 1)
-        response_width = int((attended * positions).max()) if len(self) and attended.numel() else 0
-        response_width = max(response_width, 1)
+        response_width = max(int(self.response_widths().max()) if len(self) else 0, 1)
         if prompt_start == 0 and response_width == self.response_ids.shape[1]:
             return self
         picked: dict[str, Any] = {}
