@@ -196,12 +196,14 @@ class World:
             if type(module).__name__ in blocks:
                 fully_shard(module)
         # then each part of the model a caller may run on its own (a reward model's body and its
-        # head, sequence_scores), unless it shares a weight with another part (tied embeddings)
+        # head, sequence_scores), unless it shares a weight with another part (tied embeddings);
+        # with LoRA (peft) the parts of the transformers model inside the wrapper
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
         owners: dict[int, set[str]] = {}
-        for name, child in model.named_children():
+        for name, child in inner.named_children():
             for param in child.parameters():
                 owners.setdefault(id(param), set()).add(name)
-        for name, child in model.named_children():
+        for name, child in inner.named_children():
             params = list(child.parameters())
             if params and all(owners[id(param)] == {name} for param in params):
                 fully_shard(child)
@@ -212,14 +214,17 @@ class World:
               f"{total:,} parameters (and their gradients and optimizer state)", flush=True)  # fmt: skip
         return model
 
-    def full_weights(self, model: nn.Module, *, everywhere: bool = False) -> dict[str, Tensor] | None:
+    def full_weights(
+        self, model: nn.Module, *, everywhere: bool = False, frozen: bool = True
+    ) -> dict[str, Tensor] | None:
         """A sharded model's whole weights, on rank 0 (empty elsewhere; every rank calls it), or
-        with ``everywhere`` on every rank; None for a model that is not sharded."""
+        with ``everywhere`` on every rank; None for a model that is not sharded. Without
+        ``frozen``: only the parameters that train (a LoRA checkpoint's adapters)."""
         if not is_sharded(model):
             return None
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        options = StateDictOptions(full_state_dict=True, cpu_offload=not everywhere)
+        options = StateDictOptions(full_state_dict=True, cpu_offload=not everywhere, ignore_frozen_params=not frozen)
         return get_model_state_dict(model, options=options)
 
     def load_weights(self, model: nn.Module, weights: dict[str, Tensor]) -> None:

@@ -41,3 +41,10 @@ class GatheredEngine:
         """Gather the policy's whole weights (a collective: every rank calls this) into the copy."""
         weights = world().full_weights(self.policy, everywhere=True) if state_dict is None else state_dict
         self.engine.update_weights(version, weights)
+
+    def catch_up(self, version: int) -> None:
+        """:meth:`update_weights` unless the copy holds ``version`` already: before an evaluation
+        of a run whose source does not keep this engine current (an asynchronous producer samples
+        with its own copy; a replay samples nothing). A collective: every rank calls it."""
+        if version != self.policy_version:
+            self.update_weights(version)

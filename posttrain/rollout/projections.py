@@ -122,7 +122,7 @@ def unsupported_lora(layer: nn.Module) -> str | None:
     return None
 
 
-def _lora_terms(projection: nn.Module) -> list[tuple[str, int]]:
+def lora_terms(projection: nn.Module) -> list[tuple[str, int]]:
     """The adapters whose ΔW = scaling·B·A the effective weight adds (+1) or takes off (−1),
     following peft's ``lora.Linear.forward``:
 
@@ -142,7 +142,7 @@ def _lora_terms(projection: nn.Module) -> list[tuple[str, int]]:
 
 def has_delta(projection: nn.Module) -> bool:
     """Whether ``projection``'s effective weight differs from its base weight (active LoRA deltas)."""
-    return bool(_lora_terms(projection))
+    return bool(lora_terms(projection))
 
 
 def effective_weight(projection: nn.Module, out: Tensor | None = None, heads: int | None = None) -> Tensor:
@@ -151,7 +151,7 @@ def effective_weight(projection: nn.Module, out: Tensor | None = None, heads: in
     :func:`interleave_pairs` when ``heads`` is given). Without ``out``: the layer's own weight,
     not a copy, when there is no delta to add, else a new tensor."""
     weight = base_layer(projection).weight
-    terms = _lora_terms(projection)
+    terms = lora_terms(projection)
     if out is None:
         if not terms:
             return weight

@@ -9,8 +9,8 @@ is never modified: merging in place (peft's ``merge_and_unload``) would end its 
 
 Covers: plain causal LMs; peft LoRA on linear layers (several adapters, merged or disabled
 adapters, rsLoRA scaling). Does not cover (refused with a reason): DoRA and other LoRA
-variants, ``lora_bias``, ``modules_to_save`` and peft methods other than LoRA — their
-forward is not W + ΔW on a plain weight.
+variants, ``lora_bias`` and peft methods other than LoRA — their forward is not W + ΔW on a
+plain weight. A module peft trains in full (``modules_to_save``) is sent as the copy it computes with.
 """
 
 from __future__ import annotations
@@ -18,9 +18,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
-from posttrain.rollout.projections import effective_weight, is_lora_linear, is_peft_model, unsupported_lora
+from posttrain.rollout.projections import (
+    effective_weight,
+    is_lora_linear,
+    is_peft_model,
+    lora_terms,
+    unsupported_lora,
+)
 
 
 def unmergeable_reason(model: nn.Module) -> str | None:
@@ -31,8 +38,6 @@ def unmergeable_reason(model: nn.Module) -> str | None:
     if kinds != ["LORA"]:
         return f"peft adapters of type {', '.join(kinds)} (only LoRA adapters are folded in)"
     for name, module in model.get_base_model().named_modules():
-        if "modules_to_save" in name.split("."):
-            return f"peft modules_to_save ({name}): a trained copy of a whole module, not W + ΔW"
         if type(module).__module__.split(".")[0] == "peft" and hasattr(module, "lora_A"):
             if not is_lora_linear(module):
                 return f"the peft module {name} ({type(module).__name__}); only LoRA around nn.Linear is folded in"
@@ -42,28 +47,74 @@ def unmergeable_reason(model: nn.Module) -> str | None:
     return None
 
 
-def inference_weights(model: nn.Module) -> dict[str, Tensor]:
+def inference_weights(model: nn.Module, whole: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
     """``{checkpoint name: tensor}`` of what ``model`` computes with, detached.
 
     Plain model: its own state dict (the tensors themselves, no copy). LoRA (peft) model: the
     base model's tensors under their plain names, each adapted projection's ``weight`` replaced
     by a new tensor W + Σ scaling·B·A; the adapter matrices themselves are left out.
+    ``whole``: the model's state dict gathered from FSDP2 shards (``World.full_weights``), whose
+    tensors are used instead of the module's own (which are shards).
     """
     if not is_peft_model(model):
-        return {name: tensor.detach() for name, tensor in model.state_dict().items()}
+        return {name: tensor.detach() for name, tensor in (whole or model.state_dict()).items()}
     reason = unmergeable_reason(model)
     if reason is not None:
         raise ValueError(f"cannot send this LoRA policy to an inference engine: {reason}")
     base = model.get_base_model()
+    if whole is None:
+        tensors = base.state_dict()
+    else:  # the peft model's names are the base model's under a prefix (base_model.model.)
+        prefix = next(name for name, module in model.named_modules() if module is base) + "."
+        tensors = {key.removeprefix(prefix): tensor for key, tensor in whole.items()}
+    copies = _module_copies(base)
     weights: dict[str, Tensor] = {}
-    for key, tensor in base.state_dict().items():
+    for key, tensor in tensors.items():
         if ".lora_" in key:  # lora_A / lora_B / lora_embedding_*: folded into their layer below
             continue
+        wrapper = next((name for name in copies if key.startswith(name)), None)
+        if wrapper is not None:  # a module peft trains in full: the copy the model computes with
+            if not key.startswith(copies[wrapper]):
+                continue
+            key = wrapper + key.removeprefix(copies[wrapper])
         weights[key.replace(".base_layer.", ".")] = tensor.detach()
     for name, module in base.named_modules():
         if is_lora_linear(module):
-            weights[f"{name}.weight"] = effective_weight(module).detach()
+            weights[f"{name}.weight"] = (
+                effective_weight(module) if whole is None else _folded(module, name, tensors)
+            ).detach()
     return weights
+
+
+def _module_copies(base: nn.Module) -> dict[str, str]:
+    """``{"score.": "score.modules_to_save.default."}`` for each module peft trains in full
+    (``modules_to_save``: a reward model's or critic's head), the prefix of the copy its forward
+    uses: the trained one of the active adapter, or the original with adapters disabled."""
+    copies = {}
+    for name, module in base.named_modules():
+        if hasattr(module, "modules_to_save") and hasattr(module, "original_module"):
+            active = [a for a in module.active_adapters if a in module.modules_to_save]
+            trained = not module.disable_adapters and active
+            copies[f"{name}."] = f"{name}.modules_to_save.{active[0]}." if trained else f"{name}.original_module."
+    return copies
+
+
+def _folded(projection: nn.Module, name: str, tensors: dict[str, Tensor]) -> Tensor:
+    """:func:`effective_weight` of the LoRA layer ``name`` from whole tensors (``tensors``, the
+    base model's state dict) instead of the layer's own parameters: W ± Σ scaling·B·A."""
+    weight = tensors[f"{name}.base_layer.weight"]
+    terms = lora_terms(projection)
+    if not terms:
+        return weight
+    out = weight.clone()
+    for adapter, sign in terms:
+        a, b = tensors[f"{name}.lora_A.{adapter}.weight"], tensors[f"{name}.lora_B.{adapter}.weight"]
+        if a.dtype == b.dtype == out.dtype and not projection.fan_in_fan_out:  # as effective_weight adds it
+            out.addmm_(b, a, alpha=sign * projection.scaling[adapter])
+        else:
+            delta = (b.to(torch.float32) @ a.to(torch.float32)).mul_(projection.scaling[adapter])
+            out.add_((delta.T if projection.fan_in_fan_out else delta).to(out.dtype), alpha=sign)
+    return out
 
 
 def save_inference_folder(

@@ -14,7 +14,8 @@ hand instead; taking the admitted version itself costs no throughput (the produc
 for the same admission) and makes a run repeat exactly: the batches do not depend on how the
 two threads happen to interleave, and a resumed run draws the batches a straight one draws.
 The learner hands over a snapshot of its trainable weights after every update (only the
-adapters with LoRA); at most η + 1 snapshots are held at once.
+adapters with LoRA; under ``strategy: fsdp2`` gathered whole on every rank, whose producer samples
+its own share of the groups); at most η + 1 snapshots are held at once.
 
 Resume: ``state_dict()`` lets the producer finish every batch it may make before the learner's
 next update (up to k + 1 + η after step k) and records the unconsumed ones with the inner
@@ -47,6 +48,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from posttrain.distributed import world
 from posttrain.rollout.batch import RolloutBatch
 from posttrain.sources import RolloutSource
 
@@ -57,7 +59,11 @@ JOIN_TIMEOUT_S = 120.0  # close() waits this long for a batch in flight before l
 
 def trainable_weights(model: nn.Module) -> dict[str, Tensor]:
     """``{name: detached clone}`` of the parameters training changes (all of them, or a LoRA
-    policy's adapters): what a copy of the model built from the same start needs to catch up."""
+    policy's adapters): what a copy of the model built from the same start needs to catch up.
+    Of a model holding FSDP2 shards, the whole tensors, gathered on every rank (each calls this)."""
+    gathered = world().full_weights(model, everywhere=True, frozen=False)
+    if gathered is not None:
+        return {name: tensor.detach().clone() for name, tensor in gathered.items()}
     return {name: param.detach().clone() for name, param in model.named_parameters() if param.requires_grad}
 
 

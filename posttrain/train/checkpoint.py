@@ -31,9 +31,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from posttrain.distributed import is_sharded, load_full_weights
+from posttrain.distributed import is_sharded, load_full_weights, world
 from posttrain.errors import PosttrainError
 from posttrain.models.loading import quiet_progress_bars
+from posttrain.rollout.projections import is_peft_model
 from posttrain.train.plain_state import PlainStateError, load_plain_state, save_plain_state
 
 MARKER = "COMPLETE"
@@ -259,7 +260,7 @@ def load_weights_into(model: Any, path: str | Path) -> None:
     state: dict[str, torch.Tensor] = {}
     for file in files:
         state.update(load_file(file))
-    if type(model).__module__.startswith("peft"):
+    if is_peft_model(model):
         _load_adapters_into(model, state, path)
         return
     if is_sharded(model):  # FSDP2: each rank takes its shards of the whole weights
@@ -284,17 +285,52 @@ def _load_adapters_into(model: Any, state: dict[str, torch.Tensor], path: Path) 
     start. Every trainable tensor must come from the checkpoint, and every saved one must land."""
     from peft import set_peft_model_state_dict
 
-    try:
-        result = set_peft_model_state_dict(model, state)
-    except (RuntimeError, KeyError, ValueError) as error:  # a shape mismatch: another rank or model
-        raise CheckpointError(f"the adapters in {path} do not fit this LoRA model: {error}") from None
-    missing = set(result.missing_keys)
-    untrained = [name for name, p in model.named_parameters() if p.requires_grad and name in missing]
-    if untrained or result.unexpected_keys:
+    if is_sharded(model):  # FSDP2: each rank takes its shards of the saved tensors, under the model's names
+        saved = saved_adapter_names(model)
+        untrained = sorted(name for key, name in saved.items() if key not in state)
+        unexpected = sorted(set(state) - set(saved))
+        if not untrained and not unexpected:
+            _load_full(model, {saved[key]: tensor for key, tensor in state.items()}, path)
+            return
+    else:
+        try:
+            result = set_peft_model_state_dict(model, state)
+        except (RuntimeError, KeyError, ValueError) as error:  # a shape mismatch: another rank or model
+            raise CheckpointError(f"the adapters in {path} do not fit this LoRA model: {error}") from None
+        missing = set(result.missing_keys)
+        untrained = [name for name, p in model.named_parameters() if p.requires_grad and name in missing]
+        unexpected = list(result.unexpected_keys)
+    if untrained or unexpected:
         raise CheckpointError(
             f"the adapters in {path} do not match this LoRA model (model.lora / model.path changed?): "
-            f"not in the checkpoint {untrained[:5]}, not in the model {list(result.unexpected_keys)[:5]}"
+            f"not in the checkpoint {untrained[:5]}, not in the model {unexpected[:5]}"
         )
+
+
+def saved_adapter_names(model: Any) -> dict[str, str]:
+    """``{name in a saved adapter file: parameter name}`` for every trainable tensor of a LoRA
+    (peft) model: peft saves ``...lora_A.weight`` for the parameter ``...lora_A.default.weight``.
+    Asked of peft itself (its save function over a dict that numbers the parameters), so the
+    mapping is the one its own saving and loading use."""
+    from peft import get_peft_model_state_dict
+
+    names = [name for name, param in model.named_parameters() if param.requires_grad]
+    numbered = {name: torch.tensor(i) for i, name in enumerate(names)}
+    return {key: names[int(index)] for key, index in get_peft_model_state_dict(model, numbered).items()}
+
+
+def _load_full(model: Any, state: dict[str, torch.Tensor], path: Path) -> None:
+    try:
+        load_full_weights(model, state)
+    except (RuntimeError, KeyError, ValueError) as error:  # a shape mismatch: another model
+        raise CheckpointError(f"the weights in {path} do not fit this model: {error}") from None
+
+
+def weights_to_save(model: Any) -> dict[str, torch.Tensor] | None:
+    """What :func:`save_checkpoint` writes of a model holding FSDP2 shards, gathered whole to rank 0
+    (every rank calls this): a LoRA model's trainable tensors (its adapters and trained heads), any
+    other model's every weight. None for a model that is not sharded (it saves its own)."""
+    return world().full_weights(model, frozen=not is_peft_model(model))
 
 
 def _write_manifest(folder: Path, step: int) -> None:
@@ -336,17 +372,19 @@ def save_final(
     the model with its adapters folded in, and the adapters alone go to ``final/adapter/``.
     ``weights``: the whole state dict of a model holding shards (FSDP2)."""
     path = Path(path)
-    if type(model).__module__.startswith("peft"):
+    if is_peft_model(model):
         from posttrain.models.lora import save_merged
-        from posttrain.rollout.weights import save_inference_folder, unmergeable_reason
+        from posttrain.rollout.weights import inference_weights, save_inference_folder, unmergeable_reason
 
         if unmergeable_reason(model) is None:
             # only the adapted projections get new tensors (W + scaling·B·A); merging a deep
             # copy held the whole model twice, the run's peak memory (SmolLM2-135M: +0.5 GB)
-            save_inference_folder(model, tokenizer, path)
-        else:  # DoRA and co: peft's own merge, on a copy
+            save_inference_folder(model, tokenizer, path, inference_weights(model, weights))
+        elif weights is None:  # DoRA and co: peft's own merge, on a copy
             save_merged(model, path, tokenizer=tokenizer)
-        model.save_pretrained(path / "adapter")
+        else:
+            raise CheckpointError(f"{unmergeable_reason(model)} cannot be folded from FSDP2 shards: use strategy: ddp")
+        model.save_pretrained(path / "adapter", state_dict=weights)
         return path
     model.save_pretrained(path, state_dict=weights)
     if tokenizer is not None:

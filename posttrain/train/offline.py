@@ -30,6 +30,7 @@ from posttrain.train.checkpoint import (
     load_training_state,
     load_weights_into,
     save_checkpoint,
+    weights_to_save,
 )
 from posttrain.train.micro_batches import example_cost, offline_passes, split_evenly
 from posttrain.train.out_of_memory import stage
@@ -225,7 +226,7 @@ def _save(
     """The checkpoint of ``step``: the model, its tokenizer and the optimizer, schedule and data
     order, written by rank 0 (a sharded model's whole state gathered first, on every rank)."""
     ranks, model = world(), objective.model
-    weights, state = ranks.full_weights(model), parts.state_dicts()
+    weights, state = weights_to_save(model), parts.state_dicts()
     state["optimizer"] = ranks.optimizer_state(model, parts.optimizer)
     on_main(
         lambda: save_checkpoint(

@@ -143,11 +143,6 @@ def _device(config: LoopConfig) -> torch.device:
     ranks.share(range(config.batch_size))  # refused here, before loading, when it does not divide
     ranks.same_everywhere(config.micro_batch_tokens, "micro_batch_tokens")
     note_strategy(config.strategy)
-    if config.strategy == "fsdp2" and getattr(getattr(config, "model", None), "lora", None) is not None:
-        raise ConfigError(
-            "strategy = 'fsdp2' with model.lora is not supported yet (the adapters' checkpoints are saved "
-            "from the whole module): use strategy: ddp, whose processes each hold the small LoRA training state"
-        )
     return ranks.device(device)
 
 
@@ -296,8 +291,10 @@ def run_dpo(config: DPORun) -> list[dict[str, float]]:
     if config.model.lora is None:  # a frozen copy of the initial policy, sharded like it under FSDP2
         reference = world().shard(copy.deepcopy(model).eval().requires_grad_(False), config.strategy)
         model = world().shard(model, config.strategy)
-    else:
+    else:  # the policy with its adapters off (models/lora.py), sharded with it
         from posttrain.models.lora import reference_policy
+
+        model = world().shard(model, config.strategy)
 
         def reference_context() -> Any:
             return reference_policy(model)

@@ -49,8 +49,9 @@ from posttrain.rewards import NamedReward, RewardSet
 from posttrain.rewards.registry import resolve_rewards
 from posttrain.rollout.batch import RolloutBatch
 from posttrain.sources import RolloutSource
-from posttrain.train.checkpoint import checkpoint_root, load_training_state, load_weights_into, save_checkpoint
+from posttrain.train.checkpoint import checkpoint_root
 from posttrain.train.out_of_memory import stage
+from posttrain.train.rl_checkpoint import resume_rl, save_rl_checkpoint
 from posttrain.train.rl_checks import StepWarnings, check_before_loading, preflight_rewards
 from posttrain.train.rl_config import RLRun
 from posttrain.train.rl_prepare import (
@@ -216,7 +217,7 @@ class OnlineRL:
         """Train for ``config.steps`` steps (resuming if asked); returns per-step metrics."""
         config = self.config
         config_yaml = dump_config(config)
-        start = self._maybe_resume(ready_run_dir(self.out, config.resume, config.overwrite, config_yaml, self.echo))
+        start = resume_rl(self, ready_run_dir(self.out, config.resume, config.overwrite, config_yaml, self.echo))
         if self.data_filter is not None:  # written once the folder is ready (a new run's is emptied)
             on_main(lambda: self.data_filter.save(self.out))
         history: list[dict[str, float]] = []
@@ -240,7 +241,7 @@ class OnlineRL:
                 self.warnings.check(step, metrics, group_estimator=self.preparer.estimator_needs.groups)
                 stopping = step < config.steps and stop.stop_here()
                 if (config.save_every and step % config.save_every == 0) or step == config.steps or stopping:
-                    self.save(step, config_yaml)
+                    save_rl_checkpoint(self, step, config_yaml)
                 if stopping:
                     raise stop.stopped(step, checkpoint_root(self.out) / f"step-{step}")
             if self.held_out:
@@ -328,6 +329,8 @@ class OnlineRL:
     def evaluate(self) -> dict[str, float]:
         """The held-out metrics of the policy now: greedy completions scored by the rewards
         (``train/rl_eval.py``), or greedy episodes (``sources/environment.py``)."""
+        if hasattr(self.engine, "catch_up"):  # a sharded policy's whole copy (rollout/gathered.py)
+            self.engine.catch_up(self.step_count)
         return self.evaluation.evaluate(self.held_out)
 
     def _evaluate(self, step: int, logger: Any) -> dict[str, float]:
@@ -336,58 +339,6 @@ class OnlineRL:
             metrics = self.evaluate()
         logger.log_eval_samples(step, held_out_records(self.last_eval))
         return metrics
-
-    def save(self, step: int, config_yaml: str | None = None) -> None:
-        ranks = self.ranks  # a sharded model's whole state is gathered to rank 0 (every rank takes part)
-        state: dict[str, Any] = {
-            "optimizer": ranks.optimizer_state(self.policy, self.optimizer),
-            "scheduler": self.scheduler.state_dict(),
-            "kl_coef": self.kl_controller.value,
-            # each rank's source (its rewards' running state); the top level is rank 0's
-            **self.ranks.merged_states(self.source.state_dict()),
-        }
-        if self.running_baseline is not None:
-            state["running_baseline"] = self.running_baseline.state_dict()
-        if self.critic is not None:
-            critic_weights = ranks.full_weights(self.critic)
-            state["critic"] = self.critic.state_dict() if critic_weights is None else critic_weights
-            state["critic_optimizer"] = ranks.optimizer_state(self.critic, self.critic_optimizer)
-        weights = ranks.full_weights(self.policy)
-        on_main(
-            lambda: save_checkpoint(
-                self.out,
-                step,
-                model=self.policy,
-                tokenizer=self.tokenizer,
-                config_yaml=config_yaml,
-                keep_last=self.config.keep_last,
-                training_state=state,
-                weights=weights,
-            )
-        )
-
-    def _maybe_resume(self, path: Path | None) -> int:
-        """Restore everything from checkpoint ``path``; return its step (0 for a fresh start)."""
-        if path is None:
-            return 0
-        load_weights_into(self.policy, path)
-        state = load_training_state(path)
-        self.ranks.load_optimizer_state(self.policy, self.optimizer, state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.kl_controller.value = float(state["kl_coef"])
-        if self.running_baseline is not None:
-            self.running_baseline.load_state_dict(state["running_baseline"])
-        for name in self.source.load_state_dict(self.ranks.own_state(state)):
-            self.echo(
-                f"[resume] {path} holds no state for {name} (saved by an older posttrain): its "
-                "running statistics start again, so rewards after the resume differ from a straight run"
-            )
-        if self.critic is not None:
-            self.ranks.load_weights(self.critic, state["critic"])
-            self.ranks.load_optimizer_state(self.critic, self.critic_optimizer, state["critic_optimizer"])
-        self.source.sync_weights(int(state["step"]))
-        self.echo(f"[resume] step {state['step']} restored from {path}")
-        return int(state["step"])
 
 
 def run_rl(

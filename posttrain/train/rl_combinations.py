@@ -58,11 +58,7 @@ def _async_problems(config: RLRun) -> list[str]:
 
 def _fsdp2_problems(config: RLRun) -> list[str]:
     """What a sharded policy (``strategy: fsdp2``, rollout/gathered.py) does not do yet."""
-    uses = {
-        "model.lora": config.model.lora is not None,
-        "rollout.max_staleness >= 1": config.rollout.max_staleness > 0,
-        "rollout.engine = 'vllm'": config.engine_kind == "vllm",
-    }
+    uses = {"rollout.engine = 'vllm'": config.engine_kind == "vllm"}
     return [f"strategy = 'fsdp2' with {name} is not supported yet: use strategy: ddp" for name, on in uses.items()
             if on]  # fmt: skip
 

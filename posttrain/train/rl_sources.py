@@ -135,12 +135,12 @@ def learner_engine(config: RLRun, policy: nn.Module, tokenizer: Any, echo: Calla
     """The engine over the trained policy itself: it samples the synchronous loop's batches (on
     the Ray workers with ``cluster.kind: ray``); with ``rollout.max_staleness`` the producer has
     its own (:func:`asynchronous`) and this one, local, only plays evaluation episodes."""
-    if config.rollout.max_staleness:
-        return build_engine(policy, tokenizer, kind=config.engine_kind, **engine_options(config))
     if config.strategy == "fsdp2" and world().size > 1:  # the policy is sharded next (rl.py)
         from posttrain.rollout.gathered import GatheredEngine
 
         return GatheredEngine(policy, rollout_copy(policy), tokenizer, config.engine_kind)
+    if config.rollout.max_staleness:
+        return build_engine(policy, tokenizer, kind=config.engine_kind, **engine_options(config))
     return rollout_engine(config, policy, tokenizer, echo)
 
 

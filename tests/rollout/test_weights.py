@@ -59,8 +59,35 @@ def test_adapters_that_are_not_w_plus_delta_are_refused(tokenizer):
     assert "DoRA" in unmergeable_reason(dora)
     with pytest.raises(ValueError, match="DoRA"):
         inference_weights(dora)
-    saved = get_peft_model(
+    assert unmergeable_reason(apply_lora(tiny_model(tokenizer), r=4)) is None
+
+
+def test_a_module_trained_in_full_is_sent_as_the_copy_the_model_computes_with(tokenizer):
+    """peft's modules_to_save (a reward model's or critic's head) keeps the original module and a
+    trained copy: the copy is sent under the module's plain names, the original with adapters off."""
+    model = get_peft_model(
         tiny_model(tokenizer), LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["lm_head"])
     )
-    assert "modules_to_save" in unmergeable_reason(saved)
-    assert unmergeable_reason(apply_lora(tiny_model(tokenizer), r=4)) is None
+    torch.manual_seed(0)
+    with torch.no_grad():
+        model.get_base_model().lm_head.modules_to_save["default"].weight.add_(torch.randn(1) * 0.1)
+    plain = tiny_model(tokenizer)
+    weights = inference_weights(model)
+    assert weights.keys() == plain.state_dict().keys()
+    plain.load_state_dict(weights)
+    torch.testing.assert_close(forward_logits(plain, IDS, MASK), forward_logits(model, IDS, MASK), atol=1e-5, rtol=0)
+    with model.disable_adapter():
+        assert torch.equal(inference_weights(model)["lm_head.weight"], tiny_model(tokenizer).lm_head.weight)
+
+
+def test_whole_tensors_gathered_from_shards_fold_as_the_module_does(tokenizer):
+    """``whole``: the state dict FSDP2 gathers for a final folder; folded alike, from its tensors."""
+    model = lora_model(tokenizer)
+    whole = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    own, gathered = inference_weights(model), inference_weights(model, whole)
+    assert own.keys() == gathered.keys()
+    for name, tensor in own.items():
+        torch.testing.assert_close(gathered[name], tensor, atol=1e-6, rtol=0)
+    # the tensors come from whole, not from the module
+    embeddings = whole["base_model.model.model.embed_tokens.weight"]
+    assert gathered["model.embed_tokens.weight"].data_ptr() == embeddings.data_ptr()
