@@ -186,8 +186,8 @@ class World:
         """``model`` sharded with FSDP2 over the ranks (``strategy: fsdp2``): every transformer
         block (the classes the model names in ``_no_split_modules``), then the whole. One process,
         or ``ddp``: the model as it is."""
-        if self.size == 1 or strategy != "fsdp2" or model is None:
-            return model
+        if self.size == 1 or strategy != "fsdp2" or model is None or getattr(model, "replicated", False):
+            return model  # a module declaring itself ``replicated`` (a light critic) stays whole
         from torch.distributed.fsdp import fully_shard
 
         kind = type(model).__name__

@@ -103,6 +103,16 @@ def reference_logprobs(
     return logprobs
 
 
+def base_weights(module: torch.nn.Module) -> dict[str, Tensor]:
+    """``module``'s state dict (a part of a peft model) without its adapters, under the plain
+    names: the frozen base weights it had before ``apply_lora``."""
+    return {
+        name.replace(".base_layer.", "."): tensor
+        for name, tensor in module.state_dict().items()
+        if ".lora_" not in name
+    }
+
+
 def merge_adapters(model: PeftModel) -> PreTrainedModel:
     """Fold the adapters into the base weights and return the plain transformers model (for
     a final folder any tool loads). In place: the peft wrapper must not be used afterwards."""

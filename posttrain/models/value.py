@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -26,18 +27,24 @@ _CRITIC_CONFIG = {"num_labels": 1, "classifier_dropout": 0.0}
 
 
 def value_model_from_policy(policy: PreTrainedModel, *, head_std: float = 0.0) -> PreTrainedModel:
-    """A critic initialised from the policy's weights (a copy; the policy is not shared).
+    """A critic initialised from the policy's weights (a copy; the policy is not shared; of a LoRA
+    policy, its base weights).
 
     The head starts at zero by default, so initial values are 0 and early GAE advantages are
     the raw returns rather than noise from a random head; ``head_std > 0`` draws it from
     N(0, head_std²) instead. Same dtype and device as the policy.
     """
-    if hasattr(policy, "get_base_model"):  # a peft model: which weights to copy is ambiguous
-        raise TypeError("value_model_from_policy needs a plain transformers model; merge or drop the adapters first")
+    if hasattr(policy, "get_base_model"):  # LoRA (peft): the base weights, the adapters left out
+        from posttrain.models.lora import base_weights
+
+        body = base_weights(policy.get_base_model().model)
+        policy = policy.get_base_model()
+    else:
+        body = getattr(policy, policy.base_model_prefix).state_dict()
     settings = {k: v for k, v in policy.config.to_dict().items() if k not in ("id2label", "label2id")}
     config = policy.config.__class__.from_dict({**settings, **_CRITIC_CONFIG})
     critic = AutoModelForTokenClassification.from_config(config)
-    getattr(critic, critic.base_model_prefix).load_state_dict(getattr(policy, policy.base_model_prefix).state_dict())
+    getattr(critic, critic.base_model_prefix).load_state_dict(body)
     init_value_head(critic, head_std)
     parameter = next(policy.parameters())
     return critic.to(parameter.device, dtype=parameter.dtype)
@@ -81,13 +88,26 @@ def load_value_model(
     return critic
 
 
-def critic_for(policy: PreTrainedModel, init_from: str | Path | None = None) -> PreTrainedModel:
+def critic_for(policy: PreTrainedModel, init_from: str | Path | None = None, lora: Any = None) -> nn.Module:
     """A run's critic, in training mode, on the policy's device and in its dtype: the policy's body
-    with a zero head, or the folder ``init_from`` names (:func:`load_value_model`)."""
+    with a zero head, or the folder ``init_from`` names (:func:`load_value_model`). With ``lora``
+    (a ``LoraSection``: the critic trains through adapters) a light one: the policy's own base,
+    shared, under the critic's adapters when the policy has adapters and no folder is named
+    (``models/adapter_critic.py``); else that body, frozen, under adapters of its own."""
+    if lora is not None and init_from is None and hasattr(policy, "get_base_model"):
+        from posttrain.models.adapter_critic import AdapterCritic
+
+        return AdapterCritic(policy, r=lora.r, alpha=lora.alpha).train()
     if init_from is None:
-        return value_model_from_policy(policy).train()
-    parameter = next(policy.parameters())
-    return load_value_model(init_from, dtype=parameter.dtype, device=parameter.device).train()
+        critic = value_model_from_policy(policy)
+    else:
+        parameter = next(policy.parameters())
+        critic = load_value_model(init_from, dtype=parameter.dtype, device=parameter.device)
+    if lora is not None:  # its value head trains in full (peft's modules_to_save)
+        from posttrain.models.lora import apply_lora
+
+        critic = apply_lora(critic, r=lora.r, alpha=lora.alpha, target_modules=lora.target_modules)
+    return critic.train()
 
 
 def init_value_head(critic: PreTrainedModel, std: float = 0.0) -> None:

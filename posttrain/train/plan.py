@@ -144,9 +144,8 @@ def rl_plan(config: Any, shape: ModelShape, prompt_tokens: int, reward_models: S
     lora = config.model.lora is not None
     resident = _resident(config, shape, reference=config.algorithm.kl.needs_reference)
     critic = _critic_shape(config, shape)
-    if critic is not None:  # a copy of the body (or the folder's) with a scalar head, trained in full
-        body = critic.parameters() - (0 if critic.tied else critic.vocab * critic.hidden)
-        resident.parts["critic"] = body * p * 4  # weights, gradients, two moments
+    if critic is not None:
+        resident.parts["critic"] = _critic_bytes(config, critic, p)
     for index, scorer in enumerate(reward_models):
         head = 0 if scorer.tied else scorer.vocab * scorer.hidden  # a scorer has no output layer
         resident.parts[f"reward model {index + 1}"] = (scorer.parameters() - head) * 4
@@ -191,6 +190,18 @@ def rl_plan(config: Any, shape: ModelShape, prompt_tokens: int, reward_models: S
         saved = critic.saved_activations(whole, a, checkpointing) + critic.layer_temporaries(whole, a)
         phases.append(Phase("critic update", {"activations": saved, "attention mask": micro * length * length}))
     return MemoryPlan(resident, phases, _runtime(config), _transient_factor(config))
+
+
+def _critic_bytes(config: Any, critic: ModelShape, p: int) -> int:
+    """A full critic: a copy of the body (or the folder's) with a scalar head, trained in full
+    (weights, gradients, two moments). A light one: its adapters and head trained, over the
+    policy's base (shared) or a frozen copy of the body (models/value.py critic_for)."""
+    body = critic.parameters() - (0 if critic.tied else critic.vocab * critic.hidden)
+    adapters = config.critic_adapters
+    if adapters is None:
+        return body * p * 4
+    shared = config.model.lora is not None and config.algorithm.critic.init_from is None
+    return (critic.lora_parameters(adapters.r) + critic.hidden + 1) * p * 4 + (0 if shared else body * p)
 
 
 def _critic_shape(config: Any, policy: ModelShape) -> ModelShape | None:

@@ -118,8 +118,13 @@ class OnlineRL:
 
         # models around the policy
         self.reference = self._build_reference() if self.algo.kl.needs_reference else None
-        # the value model: the policy's body with a fresh scalar head, or a given folder's (models/value.py)
-        self.critic = None if self.algo.critic is None else critic_for(self.policy, self.algo.critic.init_from)
+        # the value model: the policy's body with a fresh scalar head, or a given folder's; light, through
+        # adapters, with model.lora (models/value.py)
+        self.critic = (
+            None
+            if self.algo.critic is None
+            else critic_for(self.policy, self.algo.critic.init_from, config.critic_adapters)
+        )
         self.engine = learner_engine(config, self.policy, tokenizer, self.echo)
         self.source, self.evaluation = self._build_source(train_rows)
 

@@ -27,8 +27,6 @@ def combination_problems(config: RLRun) -> list[str]:
         problems.append(problem)
     if config.strategy == "fsdp2":
         problems += _fsdp2_problems(config)
-    if config.model.lora is not None and config.algorithm.critic is not None:
-        problems.append("model.lora with algorithm.critic is not supported yet: train the critic in full")
     return problems
 
 

@@ -44,7 +44,7 @@ from posttrain.config import (
 from posttrain.data.curriculum import CurriculumSection
 from posttrain.data.section import DataSection
 from posttrain.envs.section import EnvSection
-from posttrain.models.section import ModelSection
+from posttrain.models.section import LoraSection, ModelSection
 from posttrain.rollout.ray_engine import ClusterSection
 from posttrain.rollout.vllm_engine import VLLMOptions
 from posttrain.sources.difficulty_filter import DataFilterSection
@@ -96,6 +96,12 @@ class CriticSection(Section):
     """A folder to start the critic from instead of the policy's body with a zero head: a
     reward model (``posttrain rm``'s final/: its body and its scalar head, so the values start
     as its scores), or a saved critic. It must read the policy's token ids (the same vocabulary)."""
+    lora: bool | None = None
+    """Train the critic through LoRA adapters (and its head) over a frozen base: the policy's own
+    base, shared, when the policy has adapters (model.lora) and no init_from is set; otherwise a
+    frozen copy of the body (the policy's or init_from's) with adapters of model.lora's shape (or
+    the LoRA defaults). false: a full critic, trained in full. null: true exactly when model.lora
+    is set."""
     value_clip: float | None = Field(0.5, gt=0)
     """Clip range of the value loss around the rollout-time values; null: unclipped."""
     loss_coef: float = 1.0
@@ -361,6 +367,13 @@ class RLRun(RunOptions, OptimizerOptions):
     @property
     def engine_kind(self) -> str:
         return self.engine if self.engine is not None else self.rollout.engine
+
+    @property
+    def critic_adapters(self) -> LoraSection | None:
+        """The adapters the critic trains through (``algorithm.critic.lora``), or None: trained in full."""
+        critic = self.algorithm.critic
+        wanted = critic is not None and (critic.lora if critic.lora is not None else self.model.lora is not None)
+        return (self.model.lora or LoraSection()) if wanted else None
 
 
 def preset_names() -> list[str]:

@@ -314,7 +314,8 @@ class BatchPreparer:
             prompts, responses, config.micro_batch_size, config.micro_batch_tokens, packed=packed
         )
         chunks = [batch.select(torch.arange(start, end)) for start, end in bounds]
-        rounds = self.ranks.most(len(chunks)) if is_sharded(model) else len(chunks)
+        # (a light critic runs the sharded policy: models/adapter_critic.py)
+        rounds = self.ranks.most(len(chunks)) if is_sharded(model) or is_sharded(self.policy) else len(chunks)
         return chunks + [chunks[0]] * (rounds - len(chunks)), len(chunks)
 
     def _values(self, batch: RolloutBatch) -> Tensor:

@@ -68,8 +68,10 @@ class PolicyUpdate:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_multiplier(config.lr_scheduler, config.warmup_steps, updates, config.min_lr_ratio)
         )
+        # what of the critic trains: all of it, or a LoRA critic's adapters and head
+        self.critic_params = [p for p in critic.parameters() if p.requires_grad] if critic is not None else []
         self.critic_optimizer = (
-            torch.optim.AdamW(critic.parameters(), lr=self.algo.critic.learning_rate, betas=config.adam_betas)
+            torch.optim.AdamW(self.critic_params, lr=self.algo.critic.learning_rate, betas=config.adam_betas)
             if critic is not None
             else None
         )
@@ -242,14 +244,14 @@ class PolicyUpdate:
         max_norm = self.config.max_grad_norm or math.inf
         self.ranks.sum_gradients(self.params)  # the whole minibatch's gradient on every rank
         if self.critic is not None:
-            self.ranks.sum_gradients(list(self.critic.parameters()))
+            self.ranks.sum_gradients(self.critic_params)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
         if not math.isfinite(grad_norm):
             raise TrainingDiverged(f"step {step}: the policy gradient norm is {grad_norm}; lower learning_rate")
         self.optimizer.step()
         self.scheduler.step()
         if self.critic_optimizer is not None:
-            torch.nn.utils.clip_grad_norm_(self.critic.parameters(), max_norm)
+            torch.nn.utils.clip_grad_norm_(self.critic_params, max_norm)
             self.critic_optimizer.step()
         return grad_norm
 
@@ -273,15 +275,17 @@ class PolicyUpdate:
         return minibatch.select(torch.nonzero(active).flatten())
 
     def _critic_loss(self, micro: RolloutBatch, share: float) -> dict[str, float]:
+        from posttrain.models.adapter_critic import critic_pass
         from posttrain.models.value import response_values
 
         critic_cfg = self.algo.critic
-        with compute_precision(self.config.precision, self.device):
-            values = response_values(self.critic, micro.input_ids, micro.attention_mask, micro.prompt_ids.shape[1])
-        loss, metrics = value_loss(
-            values.float(), micro.values, micro.returns, micro.loss_mask, clip_range=critic_cfg.value_clip
-        )
-        (loss * share).backward()  # no loss_coef: AdamW would cancel it (CriticSection)
+        with critic_pass(self.critic):  # a light critic's adapters, also for layers recomputed in backward
+            with compute_precision(self.config.precision, self.device):
+                values = response_values(self.critic, micro.input_ids, micro.attention_mask, micro.prompt_ids.shape[1])
+            loss, metrics = value_loss(
+                values.float(), micro.values, micro.returns, micro.loss_mask, clip_range=critic_cfg.value_clip
+            )
+            (loss * share).backward()  # no loss_coef: AdamW would cancel it (CriticSection)
         parts = explained_variance_parts(values.float(), micro.returns, micro.loss_mask)
         return {
             "loss/value": float(loss.detach()),

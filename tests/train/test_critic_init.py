@@ -46,3 +46,24 @@ def test_a_critic_folder_with_another_vocabulary_is_refused_before_loading(tmp_p
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "algorithm.critic.init_from" in err and "vocabulary of 77 tokens" in err and "Traceback" not in err
+
+
+def test_a_light_critic_from_a_reward_model_trains_adapters_over_its_frozen_body(tmp_path):
+    """``model.lora`` with ``init_from``: the critic is the reward model's body, frozen under
+    adapters of its own, and its head (trained in full); it starts as the reward model scores."""
+    folder, scorer = reward_model_folder(tmp_path, len(build_char_tokenizer()))
+    run = make_run(tmp_path, ["algorithm=ppo", "steps=2", f"algorithm.critic.init_from={folder}", "model.lora.r=4"])
+    trained = {name for name, p in run.critic.named_parameters() if p.requires_grad}
+    assert trained and all("lora_" in name or "score" in name for name in trained)
+    ids = torch.randint(3, 40, (2, 7))
+    with torch.no_grad():
+        values = run.critic(input_ids=ids).logits[..., 0]
+        scores = scorer(input_ids=ids).logits[:, 0]
+    torch.testing.assert_close(values[:, -1], scores, atol=1e-5, rtol=0)
+    frozen = {name: p.clone() for name, p in run.critic.named_parameters() if not p.requires_grad}
+    history = run.run()
+    assert all(h["loss/value"] > 0 for h in history if "loss/value" in h)
+    now = dict(run.critic.named_parameters())
+    assert all(torch.equal(now[name], tensor) for name, tensor in frozen.items())  # the body did not move
+    head = run.critic.get_base_model().score.modules_to_save["default"].weight
+    assert not torch.equal(head, scorer.score.weight)  # the head trained

@@ -62,20 +62,24 @@ def test_lora_on_two_fsdp2_ranks_equals_one_lora_process(tmp_path, command):
         assert metrics(tmp_path / "resumed")[2:] == pair[2:]
 
 
-def test_lora_rl_on_two_fsdp2_ranks_replays_one_process_and_resumes(tmp_path):
-    """GRPO with the KL in the loss (the reference is the policy with its adapters off) replaying
-    one LoRA process's recorded batches on two fsdp2 ranks: losses and gradient norms within 1e-6,
-    final/ equal; resumed from rank 0's checkpoint, the rest of the run repeats exactly."""
-    args = [*RL, *RUNS["grpo"], *LORA, "steps=5", "save_every=2", "keep_last=5"]
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_lora_rl_on_two_fsdp2_ranks_replays_one_process_and_resumes(tmp_path, algorithm):
+    """GRPO with the KL in the loss (the reference is the policy with its adapters off), and PPO
+    with the light critic (its adapters and head over the sharded base, whole on every rank),
+    replaying one LoRA process's recorded batches on two fsdp2 ranks: losses and gradient norms
+    within 1e-6, final/ equal; resumed from rank 0's checkpoint, the rest repeats exactly."""
+    args = [*RL, *RUNS[algorithm], *LORA, "steps=5", "save_every=2", "keep_last=5"]
     one = posttrain([*args, "record_rollouts=true", f"output_dir={tmp_path / 'one'}"])
     assert one.returncode == 0, one.stderr[-3000:]
     replay = [*args, "strategy=fsdp2", f"rollout.replay={tmp_path / 'one' / 'rollouts'}"]
     two = posttrain([*replay, f"output_dir={tmp_path / 'two'}"], ranks=2)
     assert two.returncode == 0, two.stderr[-3000:]
-    assert two.stdout.count("sharded over 2 processes") == 1  # the policy alone: no reference copy with LoRA
+    assert (
+        two.stdout.count("sharded over 2 processes") == 1
+    )  # the policy: no reference copy with LoRA; a light critic stays whole
     single, pair = steps(tmp_path / "one"), steps(tmp_path / "two")
     for a, b in zip(single, pair, strict=True):
-        for key in ("loss/policy", "loss/kl", "policy/grad_norm"):
+        for key in ("loss/policy", "loss/kl" if algorithm == "grpo" else "loss/value", "policy/grad_norm"):
             assert abs(a[key] - b[key]) < 1e-6, (a["step"], key, a[key], b[key])
     assert all(r["policy/grad_norm"] > 1e-3 for r in single)
     same_folder(tmp_path / "one" / "final", tmp_path / "two" / "final")

@@ -29,6 +29,11 @@ CASES = {
     "grpo": ["algorithm=grpo", *NO_KL],
     "grpo_lora": ["algorithm=grpo", *NO_KL, "model.lora.r=4", "model.lora.alpha=8", "learning_rate=5e-2"],
     "ppo_critic": ["algorithm=ppo", "ppo_epochs=2", "minibatch_size=8"],
+    # the light critic: its adapters and head over the policy's base (models/adapter_critic.py)
+    "ppo_lora_light_critic": [
+        *["algorithm=ppo", "ppo_epochs=2", "minibatch_size=8"],
+        *["model.lora.r=4", "model.lora.alpha=8", "learning_rate=5e-2"],
+    ],
     "dapo_dynamic_sampling": ["algorithm=dapo", "algorithm.overlong.enabled=false"],
     "stateful_reward": ["algorithm=rloo", "rewards=[tests.train.resume_cases:running_vowels]"],
     # asynchronous: the checkpoint holds the batches made ahead of the learner (sources/async_producer.py)
