@@ -70,6 +70,13 @@ class CurriculumSampler:
         self.samplers = [EpochSampler(len(rows), batch_size, seed + n) for n, rows in enumerate(self.rows_of)]
         self.level = 0
         self.recent: list[float] = []
+        self.advancing = False  # observe() reached advance_at: the next step draws from the next level
+
+    def start_step(self) -> None:
+        """Called before a step's first draw: move to the next level if the last step earned it.
+        A step's every draw (dynamic sampling's further ones too) is of one level."""
+        if self.advancing:
+            self.level, self.recent, self.advancing = self.level + 1, [], False
 
     def next_batch(self) -> list[int]:
         rows = self.rows_of[self.level]
@@ -78,24 +85,26 @@ class CurriculumSampler:
     def observe(self, scores: torch.Tensor, ranks: Any) -> dict[str, float]:
         """Record the share of a step's samples (every rank's: ``ranks`` is the run's
         :class:`~posttrain.distributed.World`) whose score passed; move to the next level when
-        the window's mean reaches ``advance_at``. The step's ``curriculum/*`` metrics (the level it
-        drew from and its pass rate)."""
+        the window's mean reaches ``advance_at`` (from the next step on: :meth:`start_step`). The
+        step's ``curriculum/*`` metrics (the level it drew from and its pass rate)."""
         passed = ranks.sum(float((scores >= self.section.pass_score).sum()))  # NaN (no score) fails
         pass_rate = passed / max(ranks.sum(float(scores.numel())), 1.0)
         metrics = {"curriculum/level": float(self.level), "curriculum/pass_rate": pass_rate}
         self.recent = [*self.recent, pass_rate][-self.section.window :]
         ready = len(self.recent) == self.section.window and self.level + 1 < len(self.rows_of)
-        if ready and sum(self.recent) / len(self.recent) >= self.section.advance_at:
-            self.level, self.recent = self.level + 1, []
+        self.advancing = ready and sum(self.recent) / len(self.recent) >= self.section.advance_at
         return metrics
 
     def state_dict(self) -> dict[str, Any]:
-        return {"level": self.level, "recent": list(self.recent), "levels": [s.state_dict() for s in self.samplers]}
+        # a pending advance is taken now: the level the next step draws from (as checkpoints always held)
+        level, recent = (self.level + 1, []) if self.advancing else (self.level, list(self.recent))
+        return {"level": level, "recent": recent, "levels": [s.state_dict() for s in self.samplers]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "levels" not in state:
             raise DataError("the checkpoint was saved without data.curriculum; remove it or start a new run")
         self.level, self.recent = int(state["level"]), [float(r) for r in state["recent"]]
+        self.advancing = False
         for sampler, saved in zip(self.samplers, state["levels"], strict=True):
             sampler.load_state_dict(saved)
 

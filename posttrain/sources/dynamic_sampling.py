@@ -1,11 +1,11 @@
 """DAPO's dynamic sampling (docs/algorithms.md §7.1) over any sampling source.
 
 Groups whose scores are all equal give a group-relative estimator nothing to learn (every
-advantage is 0), so they are dropped and further rows drawn, up to ``max_rounds`` draws a step,
-until ``prompts_per_step`` groups with spread are kept. Groups are single-turn completions of a
-prompt or episodes of a row alike; a group's spread is judged on its scored samples only. The
-step's metrics are those of its first draw (what the policy does), plus the rounds it took and
-the groups kept."""
+advantage is 0; with a critic, no signal beyond its values), so they are dropped and further
+rows drawn, up to ``max_rounds`` draws a step, until ``prompts_per_step`` groups with spread
+are kept. Groups are single-turn completions of a prompt or episodes of a row alike; a group's
+spread is judged on its scored samples only. The step's metrics are those of its first draw
+(what the policy does), plus the rounds it took and the groups kept."""
 
 from __future__ import annotations
 

@@ -130,9 +130,11 @@ def _estimator_problems(config: RLRun) -> list[str]:
     if algo.baseline != "none" and algo.baseline in BASELINES and known and algo.baseline not in needs.baselines:
         readers = "/".join(ADVANTAGE_ESTIMATORS.names_where(lambda n: n is not None and algo.baseline in n.baselines))
         problems.append(f"algorithm.baseline = {algo.baseline!r} is read only by {readers}, not {algo.advantage!r}")
-    if algo.dynamic_sampling.enabled and known and not needs.groups:
-        groups = ", ".join(ADVANTAGE_ESTIMATORS.names_where(lambda n: n is not None and n.groups))
-        problems.append(f"algorithm.dynamic_sampling needs a group estimator ({groups}), not {algo.advantage!r}")
+    if algo.dynamic_sampling.enabled and config.samples_per_prompt < 2:  # spread is judged within a group
+        problems.append(
+            f"algorithm.dynamic_sampling keeps the groups whose samples' rewards differ: samples_per_prompt must "
+            f"be >= 2 (is {config.samples_per_prompt})"
+        )
     return problems
 
 

@@ -179,6 +179,8 @@ def test_the_config_checks_read_a_new_estimators_declaration(registered_estimato
     assert "samples_per_prompt must be >= 2" in str(error.value)
     config = load_rl_config(None, [*base, "algorithm.critic={}", "algorithm.dynamic_sampling.enabled=true"])
     assert config.algorithm.dynamic_sampling.enabled
-    with pytest.raises(ConfigError, match=r"needs a group estimator .*test_group_critic"):
-        load_rl_config(None, ["model.tiny.layers=1", "data.task=reverse", "algorithm=ppo", "algorithm.advantage=gae",
-                              "algorithm.dynamic_sampling.enabled=true"])  # fmt: skip
+    # dynamic sampling keeps groups with spread whatever the estimator (PPO's too), given groups
+    ppo = ["model.tiny.layers=1", "data.task=reverse", "algorithm=ppo", "algorithm.dynamic_sampling.enabled=true"]
+    assert load_rl_config(None, [*ppo, "samples_per_prompt=4"]).algorithm.dynamic_sampling.enabled
+    with pytest.raises(ConfigError, match=r"dynamic_sampling keeps the groups .* samples_per_prompt must be >= 2"):
+        load_rl_config(None, [*ppo, "samples_per_prompt=1", "prompts_per_step=8"])

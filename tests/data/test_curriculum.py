@@ -43,7 +43,9 @@ def test_the_sampler_draws_the_current_level_and_advances_on_the_windows_pass_ra
     assert all(levels[i] == 0 for i in sampler.next_batch())
     assert sampler.observe(scores(1.0, 1.0), ONE_PROCESS) == {"curriculum/level": 0.0, "curriculum/pass_rate": 1.0}
     assert sampler.level == 0  # one step is not a window of 2, however good
-    sampler.observe(scores(0.0, 0.0, 0.0, 0.0), ONE_PROCESS)  # window mean 0.5: advance
+    sampler.observe(scores(0.0, 0.0, 0.0, 0.0), ONE_PROCESS)  # window mean 0.5: advance, from the next step on
+    assert sampler.level == 0 and all(levels[i] == 0 for i in sampler.next_batch())  # this step's further draws
+    sampler.start_step()
     assert sampler.level == 1 and all(levels[i] == 1 for i in sampler.next_batch())
     sampler.observe(scores(1.0, float("nan")), ONE_PROCESS)  # an unscored sample does not pass
     assert sampler.observe(scores(0.0, 0.0), ONE_PROCESS)["curriculum/pass_rate"] == 0.0
@@ -53,7 +55,9 @@ def test_the_sampler_draws_the_current_level_and_advances_on_the_windows_pass_ra
     copy.load_state_dict(state)
     assert [copy.next_batch() for _ in range(4)] == [sampler.next_batch() for _ in range(4)]
     for _ in range(6):
+        sampler.start_step()
         sampler.observe(scores(1.0), ONE_PROCESS)
+        sampler.start_step()
     assert sampler.level == 2  # the last level is kept
     with pytest.raises(DataError, match="level 1 has 1 usable rows, fewer than one step's batch"):
         CurriculumSampler([0, 0, 1, 2, 2], batch_size=2, seed=0, section=section)
