@@ -10,7 +10,9 @@ The default compares the ways SmolLM2-135M's LoRA GRPO step can store activation
 - ``one_group``: no checkpointing, one group (4 samples) per micro-batch, its prompt encoded once;
 - ``two_groups``: no checkpointing, 8 samples per micro-batch;
 - ``derived``: no checkpointing, no bound set: ``micro_batch_tokens`` derived from the memory plan;
-- ``packed``: ``derived`` with padding-free passes (``padding_free``, models/packing.py).
+- ``packed``: ``derived`` with padding-free passes (``padding_free``, models/packing.py);
+- ``ppo_full_critic`` / ``ppo_light_critic``: PPO (GAE) beside the LoRA policy with a critic trained
+  in full (``algorithm.critic.lora=false``) or the light critic, both with derived passes.
 
 Dynamic sampling is off in every variant: it changes how many rounds a step generates, not the update.
 
@@ -38,6 +40,10 @@ VARIANTS = {
     "derived": ["model.gradient_checkpointing=false", "micro_batch_size=null"],
     # the same, padding-free: samples end to end in one row, each prompt computed with its sample
     "packed": ["model.gradient_checkpointing=false", "micro_batch_size=null", "padding_free=true"],
+    # PPO's critic beside the LoRA policy: a full copy trained in full, or the light critic (its own
+    # adapters and head over the policy's shared base, models/adapter_critic.py)
+    "ppo_full_critic": ["model.gradient_checkpointing=false", "algorithm=ppo", "algorithm.critic.lora=false"],
+    "ppo_light_critic": ["model.gradient_checkpointing=false", "algorithm=ppo"],
 }
 MEASURE = (
     "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
