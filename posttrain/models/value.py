@@ -37,8 +37,8 @@ def value_model_from_policy(policy: PreTrainedModel, *, head_std: float = 0.0) -
     if hasattr(policy, "get_base_model"):  # LoRA (peft): the base weights, the adapters left out
         from posttrain.models.lora import base_weights
 
-        body = base_weights(policy.get_base_model().model)
         policy = policy.get_base_model()
+        body = base_weights(getattr(policy, policy.base_model_prefix))
     else:
         body = getattr(policy, policy.base_model_prefix).state_dict()
     settings = {k: v for k, v in policy.config.to_dict().items() if k not in ("id2label", "label2id")}
