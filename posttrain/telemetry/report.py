@@ -28,11 +28,12 @@ from posttrain.telemetry.report_plots import (
     comparison_plot,
     is_constant,
     key_curves,
-    plot_groups,
+    metric_groups,
     plot_key_curves,
     rl_panels_plot,
     staleness_histogram,
 )
+from posttrain.telemetry.svg_plots import line_svg
 
 __all__ = ["comparison_plot", "rebuild_report", "rl_panels_plot", "write_failure_report", "write_report"]
 
@@ -45,7 +46,7 @@ STYLE = (
     "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;"
     "text-align:left;vertical-align:top}td.text{font-family:monospace;white-space:pre-wrap}"
     ".stopped{border-left:4px solid #b33;padding-left:1em}.warnings li{color:#8a5a00}"
-    "tr.right td.mark{color:#186a18}tr.wrong td.mark{color:#b33}"
+    ".plots{display:flex;flex-wrap:wrap;gap:6px}tr.right td.mark{color:#186a18}tr.wrong td.mark{color:#b33}"
 )
 ONLY_WRONG = (
     "<script>document.getElementById('only-wrong').addEventListener('change',function(event){"
@@ -206,18 +207,22 @@ def _held_out_answers(samples: list[dict[str, Any]]) -> str:
 
 
 def _all_metrics(series: dict, run_dir: Path) -> str:
-    """Every metric, folded away: constant ones on one line, the final values, one plot per group."""
+    """Every metric, folded away: constant ones on one line, the final values, then a plot of each
+    changing one (inline SVG), grouped by the part of its key before '/'."""
     if not series:
         return ""
     constant = [f"{key} = {_number(values[-1])}" for key, (_, values) in sorted(series.items()) if is_constant(values)]
-    images = plot_groups(series, run_dir)
-    histogram = staleness_histogram(series, run_dir)
-    images += [histogram] if histogram is not None else []
     finals = [{"metric": key, "last value": _number(values[-1])} for key, (_, values) in sorted(series.items())]
-    parts = ["<details><summary><b>All metrics</b> (final values and one plot per group)</summary>"]
+    parts = ["<details><summary><b>All metrics</b> (final values and a plot of each changing one)</summary>"]
     if constant:
         parts.append(f"<p>Constant throughout: {html.escape(', '.join(constant))}.</p>")
-    parts += [_table(finals), *[f"<p><img src='{p.name}' alt='{html.escape(p.stem)}'></p>" for p in images]]
+    parts.append(_table(finals))
+    for group, keys in metric_groups(series).items():
+        plots = "".join(line_svg(key, *series[key]) for key in keys)
+        parts.append(f"<h3>{html.escape(group)}</h3><div class='plots'>{plots}</div>")
+    histogram = staleness_histogram(series, run_dir)
+    if histogram is not None:
+        parts.append(f"<p><img src='{histogram.name}' alt='{html.escape(histogram.stem)}'></p>")
     return "".join(parts) + "</details>"
 
 

@@ -1,8 +1,9 @@
-"""The report's plots: metric series from ``metrics.jsonl``, the key curves a reader looks at first,
-one PNG per metric group, and the comparison figures the examples draw.
+"""The report's figures: the key curves a reader looks at first, an asynchronous run's staleness
+histogram, and the comparison figures the examples draw (every metric's own small plot is inline
+SVG: svg_plots.py).
 
-Every function writes PNGs into the run directory and returns their paths, so ``report.html``
-opens offline and a plot can be pasted elsewhere."""
+Every function writes a PNG into the run directory and returns its path, so ``report.html``
+opens offline and a figure can be pasted elsewhere."""
 
 from __future__ import annotations
 
@@ -83,32 +84,14 @@ def plot_key_curves(series: Series, out_dir: Path) -> Path | None:
     return path
 
 
-def plot_groups(series: Series, out_dir: Path) -> list[Path]:
-    """One PNG per group (the part of the key before '/'), one panel per changing metric."""
+def metric_groups(series: Series) -> dict[str, list[str]]:
+    """The changing metrics by group (the part of the key before '/'), for the report's "All
+    metrics" section; constant ones are one line of the report, not a plot."""
     groups: dict[str, list[str]] = defaultdict(list)
     for key in sorted(series):
-        if not is_constant(series[key][1]):  # constant ones are one line of the report, not a panel
+        if not is_constant(series[key][1]):
             groups[key.split("/")[0] if "/" in key else "other"].append(key)
-    written = []
-    for group, keys in sorted(groups.items()):
-        cols = min(3, len(keys))
-        rows = math.ceil(len(keys) / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.8 * rows), squeeze=False)
-        for ax, key in zip(axes.flat, keys, strict=False):
-            steps, values = series[key]
-            ax.plot(steps, values, marker="." if len(steps) < 30 else None, linewidth=1.2)
-            ax.set_title(key, fontsize=9)
-            ax.set_xlabel("step", fontsize=8)
-            ax.tick_params(labelsize=7)
-            ax.grid(alpha=0.3)
-        for ax in list(axes.flat)[len(keys) :]:
-            ax.axis("off")
-        fig.tight_layout()
-        path = out_dir / f"report_{group.replace(' ', '_')}.png"
-        fig.savefig(path, dpi=90)
-        plt.close(fig)
-        written.append(path)
-    return written
+    return dict(sorted(groups.items()))
 
 
 def staleness_histogram(series: Series, out_dir: Path) -> Path | None:

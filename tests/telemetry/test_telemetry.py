@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 
 import torch
 
 from posttrain.telemetry import MetricsLogger, Progress, write_report
 from posttrain.telemetry.metrics import read_jsonl
+from posttrain.telemetry.svg_plots import line_svg
 
 
 def test_jsonl_every_step_flushed_and_tensors_become_numbers(tmp_path):
@@ -56,13 +59,13 @@ def test_report_has_curves_values_and_escaped_samples(tmp_path):
         logger.log_samples(10, [{"prompt": "<b>x</b>", "completion": " naes.", "reward": 1.0}])
     report = write_report(tmp_path, title="reverse")
     page = report.read_text()
-    # the key curves in one figure, a plot per group of changing metrics; eval/accuracy is constant
-    assert {p.name for p in tmp_path.glob("report_*.png")} == {
-        "report_key_curves.png",
-        "report_loss.png",
-        "report_reward.png",
-    }
-    assert "report_reward.png" in page and "&lt;b&gt;x&lt;/b&gt;" in page and "<b>x</b>" not in page
+    # the key curves in one figure; an inline plot of each changing metric, under its group's
+    # heading (eval/accuracy is constant: no plot)
+    assert {p.name for p in tmp_path.glob("report_*.png")} == {"report_key_curves.png"}
+    assert "report_key_curves.png" in page and "&lt;b&gt;x&lt;/b&gt;" in page and "<b>x</b>" not in page
+    plotted = re.findall(r"<h3>(\w+)</h3><div class='plots'><svg[^>]*><text[^>]*>(.*?)</text>", page)
+    assert plotted == [("loss", "loss/policy"), ("reward", "reward/mean")]
+    assert page.count("<svg") == 2 and page.count("<circle") == 20  # ten points each
     assert "<td>reward/mean</td><td>1</td>" in page
     assert "Constant throughout: eval/accuracy = 0.5." in page
     json.dumps(page)  # plain text, nothing binary
@@ -76,3 +79,11 @@ def test_held_out_answers_go_to_a_file_and_to_tensorboard_as_text(tmp_path):
     [events] = (tmp_path / "tensorboard").glob("events.out.tfevents.*")
     written = events.read_bytes()
     assert b"eval_samples" in written and b"| Reverse the name: sean. Answer: |  naes. | 1.0 | True |" in written
+
+
+def test_a_metric_plot_breaks_its_line_at_a_missing_value():
+    """NaN (a step that did not log the metric) splits the line; the range printed ignores it."""
+    svg = line_svg("loss/value", [1, 2, 3, 4, 5], [0.5, 0.25, math.nan, 0.125, 1.0])
+    assert svg.count("<polyline") == 2 and svg.count("<circle") == 4
+    assert ">1</text>" in svg and ">0.125</text>" in svg and "nan" not in svg
+    assert ">step 1</text>" in svg and ">step 5</text>" in svg
