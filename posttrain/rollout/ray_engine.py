@@ -13,7 +13,10 @@ object store on the CPU and between GPUs alike: an NCCL broadcast group is not b
 The learner is this process (the driver); the reward functions' pooled calls run as Ray tasks
 (``rewards/ray_pool.py``). Without ``cluster.address`` a local Ray cluster is started for the run and stopped
 at its end; with one (``auto``, ``ray://host:10001``) a running cluster is joined and left
-running. A worker that dies (killed, out of memory, its node lost) is started again with the
+running. Under torchrun every learner process (a rank of ``strategy: ddp`` or ``fsdp2``) has workers
+of its own, sampling its share of the step's prompts, on the cluster it joins or starts: on GPUs
+start one (``ray start --head``) and give its address, so the ranks' workers share its devices.
+A worker that dies (killed, out of memory, its node lost) is started again with the
 current weights and its share sampled again; after ``cluster.max_worker_failures`` such deaths
 the run stops with a message naming the worker. Ray is an optional extra: without it,
 ``cluster.kind: ray`` is refused before any model loads, with the install command.
@@ -48,9 +51,10 @@ class ClusterSection(Section):
     workers as Ray actors (needs Ray: pip install 'posttrain[dist]')."""
     address: str | None = None
     """A running Ray cluster to join ("auto", "ray://host:10001", as for ray.init); null starts
-    a local cluster for the run and stops it at the end."""
+    a local cluster for the run (for each learner process under torchrun) and stops it at the end."""
     rollout_workers: int = Field(2, ge=1)
-    """How many rollout workers (actors), each with a copy of the policy and an engine."""
+    """How many rollout workers (actors), each with a copy of the policy and an engine (for each
+    learner process under torchrun: each samples its own share of a step's prompts)."""
     worker_threads: int = Field(1, ge=1)
     """Torch threads (and Ray CPUs reserved) per worker."""
     worker_gpus: float = Field(0.0, ge=0)
@@ -74,20 +78,28 @@ def import_ray() -> Any:
 
 
 class RolloutWorker:
-    """The actor: a local engine on its own copy of the policy (run by Ray in its process)."""
+    """The actor: a local engine on its own copy of the policy (run by Ray in its process).
+    ``interruptible``: its engine has a mailbox, and the actor runs two calls at once (Ray's
+    threaded actor), so weights offered while a ``generate`` runs reach it at a token boundary."""
 
-    def __init__(self, model: nn.Module, tokenizer: Any, kind: str, threads: int, version: int) -> None:
+    def __init__(self, model: nn.Module, tokenizer: Any, kind: str, threads: int, version: int,
+                 interruptible: bool = False) -> None:  # fmt: skip
         from posttrain.rollout.engine import build_engine
+        from posttrain.rollout.weight_mailbox import ThreadMailbox
 
         torch.set_num_threads(threads)
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-        self.engine = build_engine(model.to(device), tokenizer, kind=kind, policy_version=version)
+        mailbox = ThreadMailbox() if interruptible else None
+        self.engine = build_engine(model.to(device), tokenizer, kind=kind, policy_version=version, mailbox=mailbox)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> Rollouts:
         return self.engine.generate(prompts, sampling)
 
     def update_weights(self, version: int, weights: Mapping[str, Tensor]) -> None:
         self.engine.update_weights(version, weights)
+
+    def offer_weights(self, version: int, weights: Mapping[str, Tensor]) -> None:
+        self.engine.offer_weights(version, weights)
 
     def pid(self) -> int:
         return os.getpid()
@@ -96,7 +108,8 @@ class RolloutWorker:
 class RayEngine:
     """A rollout engine whose generation runs in ``cluster.rollout_workers`` Ray actors (see the
     module docstring). ``model`` is the policy (or the asynchronous producer's copy of it): its
-    weights are what ``update_weights(version)`` sends when no ``state_dict`` is given."""
+    weights are what ``update_weights(version)`` sends when no ``state_dict`` is given.
+    ``interruptible`` (``rollout.interrupt``): :meth:`offer_weights` reaches generations in flight."""
 
     def __init__(
         self,
@@ -105,9 +118,11 @@ class RayEngine:
         cluster: ClusterSection,
         kind: str = "auto",
         echo: Callable[[str], None] = print,
+        interruptible: bool = False,
     ) -> None:
         self.ray = ray = import_ray()
         self.model, self.tokenizer, self.cluster, self.kind, self.echo = model, tokenizer, cluster, kind, echo
+        self.interruptible, self.offers = interruptible, []
         self.pad_id: int = tokenizer.pad_token_id
         self.eos_id: int | None = tokenizer.eos_token_id
         self.policy_version, self.failures = 0, 0
@@ -131,7 +146,18 @@ class RayEngine:
             results[index] = self._wait(
                 index, pending[index], lambda i=index: self.workers[i].generate.remote(shares[i], calls[i])
             )
-        return merge_rollouts([results[i] for i in sorted(results)], self.pad_id)
+        rollouts = merge_rollouts([results[i] for i in sorted(results)], self.pad_id)
+        if "token_versions" in rollouts.extras:  # the workers may have moved on to offered weights
+            self.policy_version = max(self.policy_version, int(rollouts.extras["token_versions"].max()))
+        return rollouts
+
+    def offer_weights(self, version: int, weights: Mapping[str, Tensor]) -> None:
+        """Offer newer weights to every worker's generation in flight (taken at its next token
+        boundary); not waited for: a worker that dies meanwhile restarts with the next update."""
+        if not self.interruptible:
+            raise RuntimeError("these rollout workers were started without interruptible=True")
+        offered = self.ray.put({name: tensor.detach().to("cpu") for name, tensor in weights.items()})
+        self.offers = [worker.offer_weights.remote(version, offered) for worker in self.workers]  # the last ones
 
     def update_weights(self, version: int, state_dict: Mapping[str, Tensor] | None = None) -> None:
         """Put the new weights in the object store once; every worker loads them."""
@@ -155,8 +181,9 @@ class RayEngine:
         """Start worker ``index`` on the shipped policy, with the newest weights sent."""
         cluster = self.cluster
         options = {"num_cpus": cluster.worker_threads, "num_gpus": cluster.worker_gpus, "max_restarts": 0}
+        options["max_concurrency"] = 2 if self.interruptible else 1  # an offer beside a generation
         worker = self.actor_class.options(**options).remote(
-            self.blob, self.tokenizer, self.kind, cluster.worker_threads, self.policy_version
+            self.blob, self.tokenizer, self.kind, cluster.worker_threads, self.policy_version, self.interruptible
         )
         if self.weights is not None:
             worker.update_weights.remote(self.policy_version, self.weights)
@@ -253,4 +280,14 @@ def merge_rollouts(parts: Sequence[Rollouts], pad_id: int) -> Rollouts:
         finish_reasons=[reason for p in parts for reason in p.finish_reasons],
         group_ids=torch.cat([p.group_ids + offset for p, offset in zip(parts, offsets, strict=True)]),
         policy_version=torch.cat([p.policy_version for p in parts]),
-    )
+        extras={key: _merged_extra([p.extras[key] for p in parts], [p.response_ids.shape[1] for p in parts],
+                                   response_width) for key in set.intersection(*(set(p.extras) for p in parts))},
+    )  # fmt: skip
+
+
+def _merged_extra(tensors: list[Tensor], widths: list[int], response_width: int) -> Tensor:
+    """The parts' values of one ``Rollouts.extras`` key as one: a per-token one ([B, T], e.g.
+    ``token_versions``) right-padded with zeros to the widest response first (padding is never read)."""
+    if all(t.dim() == 2 and t.shape[1] == w for t, w in zip(tensors, widths, strict=True)):
+        tensors = [torch.nn.functional.pad(t, (0, response_width - t.shape[1])) for t in tensors]
+    return torch.cat(tensors)

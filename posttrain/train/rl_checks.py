@@ -145,7 +145,7 @@ def check_before_loading(config: RLRun, *, model_given: bool) -> None:
     ranks.same_everywhere(config.micro_batch_tokens, "micro_batch_tokens")
     ranks.share(range(config.prompts_per_step), "prompts_per_step")  # whole groups per rank, or refused
     note_strategy(config.strategy)
-    check_placement(config, ranks.device(resolve_device(config.device)), ranks.size)
+    check_placement(config, ranks.device(resolve_device(config.device)))
     check_settings(config, model_given=model_given)
 
 

@@ -71,9 +71,6 @@ def _cluster_problems(config: RLRun) -> list[str]:
             "cluster.kind = 'ray' runs a local engine in each rollout worker; rollout.engine = 'vllm' is not "
             "supported there yet: use engine auto, native or transformers"
         )
-    if config.rollout.interrupt:
-        problems.append("rollout.interrupt needs the producer's own engine; Ray workers finish each generation: "
-                        "set interrupt: false")  # fmt: skip
     if config.rollout.replay is not None:
         problems.append("rollout.replay samples nothing (it reads recorded batches): leave cluster.kind: local")
     return problems

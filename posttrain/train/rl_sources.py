@@ -138,10 +138,15 @@ def learner_engine(config: RLRun, policy: nn.Module, tokenizer: Any, echo: Calla
     if config.strategy == "fsdp2" and world().size > 1:  # the policy is sharded next (rl.py)
         from posttrain.rollout.gathered import GatheredEngine
 
-        return GatheredEngine(policy, rollout_copy(policy), tokenizer, config.engine_kind)
-    if config.rollout.max_staleness:
-        return build_engine(policy, tokenizer, kind=config.engine_kind, **engine_options(config))
-    return rollout_engine(config, policy, tokenizer, echo)
+        whole = rollout_copy(policy)
+        return GatheredEngine(policy, whole, _engine_over(config, whole, tokenizer, echo))
+    return _engine_over(config, policy, tokenizer, echo)
+
+
+def _engine_over(config: RLRun, model: nn.Module, tokenizer: Any, echo: Callable[[str], None]) -> Any:
+    if config.rollout.max_staleness:  # it evaluates only: a local engine
+        return build_engine(model, tokenizer, kind=config.engine_kind, **engine_options(config))
+    return rollout_engine(config, model, tokenizer, echo)
 
 
 def rollout_engine(
@@ -152,7 +157,8 @@ def rollout_engine(
     if config.cluster.kind == "ray":
         from posttrain.rollout.ray_engine import RayEngine
 
-        return RayEngine(model, tokenizer, config.cluster, config.engine_kind, echo)
+        # with rollout.interrupt it is the producer's: offered each version as the learner makes it
+        return RayEngine(model, tokenizer, config.cluster, config.engine_kind, echo, config.rollout.interrupt)
     return build_engine(model, tokenizer, kind=config.engine_kind, mailbox=mailbox, **engine_options(config))
 
 
@@ -177,24 +183,20 @@ def stop_workers(engine: Any) -> None:
     """At the end of a run, stop the Ray rollout workers of the learner's engine (and a local
     cluster started for them; the asynchronous producer stops its own); a local or vLLM engine
     stays usable, for a caller sampling after ``run()``."""
+    from posttrain.rollout.gathered import GatheredEngine
     from posttrain.rollout.ray_engine import RayEngine
 
-    if isinstance(engine, RayEngine):
+    if isinstance(engine, RayEngine | GatheredEngine):
         engine.close()
 
 
-def check_placement(config: RLRun, device: torch.device, processes: int) -> None:
-    """Refuse, before any model loads, where rollouts cannot be generated: Ray not installed, Ray
-    workers under torchrun, an asynchronous producer process off the CPU (:func:`producer_kind`)."""
+def check_placement(config: RLRun, device: torch.device) -> None:
+    """Refuse, before any model loads, where rollouts cannot be generated: Ray not installed, an
+    asynchronous producer process off the CPU (:func:`producer_kind`)."""
     if config.cluster.kind == "ray":
         from posttrain.rollout.ray_engine import import_ray
 
         import_ray()
-        if processes > 1:
-            raise ConfigError(
-                f"cluster.kind = 'ray' places the rollout workers from one learner process; torchrun started "
-                f"{processes}: run it as one process (python -m posttrain rl ...), or leave cluster.kind: local"
-            )
     producer_kind(config, device)
 
 

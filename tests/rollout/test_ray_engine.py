@@ -6,6 +6,7 @@ stop with a message naming the worker."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 
@@ -31,9 +32,9 @@ def cluster():
     ray.shutdown()
 
 
-def ray_engine(model, tokenizer, echo=print, failures=3) -> RayEngine:
+def ray_engine(model, tokenizer, echo=print, failures=3, interruptible=False) -> RayEngine:
     section = ClusterSection(kind="ray", rollout_workers=2, max_worker_failures=failures)
-    return RayEngine(model, tokenizer, section, kind="native", echo=echo)
+    return RayEngine(model, tokenizer, section, kind="native", echo=echo, interruptible=interruptible)
 
 
 def expected(model, tokenizer, prompts, version=0):
@@ -88,6 +89,32 @@ def test_new_weights_reach_every_worker_and_a_killed_worker_restarts_with_them(c
     assert_same(got, expected(model, tokenizer, prompts, version=1))  # restarted on version 1's weights
     assert len(lines) == 1 and lines[0].startswith("[ray] rollout worker 1 died")
     assert "started again with policy version 1" in lines[0] and "1 of at most 3 deaths" in lines[0]
+
+
+def test_weights_offered_to_interruptible_workers_are_taken_and_each_token_keeps_its_version(cluster, tokenizer):
+    """rollout.interrupt on Ray: an offer (the trainable weights, by name) reaches every worker
+    beside its generation; once taken, the workers sample as a local engine holding the new
+    weights would, every token marked with the offered version, the two shares' marks merged."""
+    model, prompts = tiny_model(tokenizer), encode(tokenizer, (*NAMES, "ada"))
+    engine = ray_engine(model, tokenizer, interruptible=True)
+    try:
+        first = engine.generate(prompts, SAMPLING)
+        newer = copy.deepcopy(model)
+        with torch.no_grad():
+            for param in newer.parameters():
+                param.add_(0.05 * torch.randn_like(param))
+        engine.offer_weights(1, dict(newer.named_parameters()))
+        ray.get(engine.offers)  # landed in both mailboxes: the next generation starts with them
+        got = engine.generate(prompts, SAMPLING)
+    finally:
+        engine.close()
+    assert first.extras["token_versions"].eq(0).all()
+    versions, mask = got.extras["token_versions"], got.response_mask.bool()
+    assert versions.shape == got.response_ids.shape and versions[mask].eq(1).all()
+    assert engine.policy_version == 1
+    want = expected(newer, tokenizer, prompts)
+    assert torch.equal(got.response_ids, want.response_ids)
+    torch.testing.assert_close(got.logprobs, want.logprobs, atol=1e-6, rtol=0)
 
 
 def test_more_deaths_than_allowed_stop_naming_the_worker(cluster, tokenizer):

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from posttrain.algos import overlong_reward_penalty
+from posttrain.distributed import is_sharded, world
 from posttrain.sources.recorded import read_batch
 
 ENV = "tests.sources.data_side_envs:FlatOrCoin"
@@ -56,6 +57,12 @@ class Trace:
     out: Path
     policy_start: dict[str, torch.Tensor] = field(default_factory=dict)
     critic_start: dict[str, torch.Tensor] = field(default_factory=dict)
+    ray_generations: int = 0
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a parameter (its FSDP2 shard), detached and copied."""
+    return (tensor.to_local() if hasattr(tensor, "to_local") else tensor).detach().clone()
 
 
 def _env(trace: Trace) -> None:
@@ -73,14 +80,14 @@ def _interrupt(trace: Trace) -> None:
 
 
 def _lora(trace: Trace) -> None:
-    now = dict(trace.run.policy.named_parameters())
+    now = {name: local(p) for name, p in trace.run.policy.named_parameters()}
     changed = {name for name, before in trace.policy_start.items() if not torch.equal(now[name], before)}
     assert changed and all("lora_" in name for name in changed), sorted(changed)[:5]
 
 
 def _critic(trace: Trace) -> None:
     assert all("loss/value" in h for h in trace.history)
-    now = dict(trace.run.critic.named_parameters())
+    now = {name: local(p) for name, p in trace.run.critic.named_parameters()}
     assert any(not torch.equal(now[name], before) for name, before in trace.critic_start.items())
 
 
@@ -115,9 +122,26 @@ def _curriculum(trace: Trace) -> None:
 
 
 def _record(trace: Trace) -> None:
+    """The recording holds each step's batch (under torchrun the ranks' shares, together: this
+    rank's share is its groups, as a replay splits them)."""
+    ranks = world()
     for step, batch in enumerate(trace.batches, start=1):
         recorded, _ = read_batch(trace.out / "rollouts", step)
-        assert torch.equal(recorded.response_ids, batch.response_ids)
+        assert len(recorded) == ranks.size * len(batch)
+        mine = torch.tensor(ranks.split(recorded.group_ids.unique().tolist()))
+        share = recorded.select(torch.nonzero(torch.isin(recorded.group_ids, mine)).flatten())
+        width = batch.response_ids.shape[1]  # the whole is padded to the widest share
+        assert torch.equal(share.response_ids[:, :width], batch.response_ids)
+        assert not share.response_mask[:, width:].any()
+
+
+def _fsdp2(trace: Trace) -> None:
+    assert world().size == 2 and is_sharded(trace.run.policy)  # two ranks, each holding a shard
+
+
+def _ray(trace: Trace) -> None:
+    # every batch drawn by the Ray rollout workers (dynamic sampling may draw more than once)
+    assert trace.ray_generations >= len(trace.history) == STEPS
 
 
 def _replay(trace: Trace) -> None:
@@ -133,7 +157,8 @@ class Feature:
 FEATURES: dict[str, Feature] = {
     "env": Feature([f"env.name={ENV}", "env.max_turns=3", "rewards=[]", "allow_constant_reward=[]"], _env),
     "max_staleness": Feature(["rollout.max_staleness=1"], _asynchronous),
-    "interrupt": Feature(["rollout.max_staleness=1", "rollout.interrupt=true"], _interrupt),
+    # the CPU's default producer (a process) pairs with max_staleness, the GPU's (a thread) with interrupt
+    "interrupt": Feature(["rollout.max_staleness=1", "rollout.interrupt=true", "rollout.producer=thread"], _interrupt),
     "lora": Feature(["model.lora.r=4", "model.lora.alpha=8"], _lora),
     "critic": Feature(["algorithm=ppo"], _critic),
     "dynamic_sampling": Feature(
@@ -148,5 +173,8 @@ FEATURES: dict[str, Feature] = {
         ["data.curriculum.column=level", "data.curriculum.levels=[0, 1]", "data.curriculum.window=1"], _curriculum
     ),
     "record_rollouts": Feature(["record_rollouts=true"], _record),
+    # the two below run in other processes: the Ray cluster's workers; two torchrun ranks
+    "ray": Feature(["cluster.kind=ray", "cluster.rollout_workers=1", "rollout.engine=native"], _ray),
+    "fsdp2": Feature(["strategy=fsdp2"], _fsdp2),
     "replay": Feature([], _replay),  # rollout.replay=<a recording of the same pair>, set by the test
 }
