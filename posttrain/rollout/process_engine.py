@@ -48,16 +48,24 @@ class RolloutProcessError(PosttrainError, RuntimeError):
 class ProcessEngine:
     """A :class:`~posttrain.rollout.types.RolloutEngine` whose decoding runs in a child process.
 
-    ``model`` is moved to shared memory (its tensors are the child's); ``kind`` is the local
-    engine kind (``auto``, ``native``, ``transformers``); ``threads`` the child's torch threads;
-    ``interruptible`` the parameters :meth:`offer_weights` may offer to a generation in flight
-    (none: generation is never interrupted). The child starts at the first call, so a run that
-    never samples starts none."""
+    ``model`` is moved to shared memory (its tensors are the child's); ``kind`` is the engine
+    kind (``auto``, ``native``, ``transformers``, or ``vllm``: its own vLLM instance in the child,
+    given the weights at every ``update_weights``), ``options`` build_engine's others; ``threads``
+    the child's torch threads; ``interruptible`` the parameters :meth:`offer_weights` may offer
+    to a generation in flight (none: generation is never interrupted). The child starts at the
+    first call, so a run that never samples starts none."""
 
     def __init__(
-        self, model: nn.Module, tokenizer: Any, kind: str = "auto", threads: int = 1, interruptible: Sequence[str] = ()
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        kind: str = "auto",
+        threads: int = 1,
+        interruptible: Sequence[str] = (),
+        options: dict[str, Any] | None = None,
     ) -> None:
         self.model, self.tokenizer, self.kind, self.threads = model, tokenizer, kind, threads
+        self.options = options or {}  # build_engine's other arguments (vLLM's options, ...)
         params = dict(model.named_parameters())
         self.mailbox = SharedMailbox({name: params[name] for name in interruptible}) if interruptible else None
         self.pad_id: int = tokenizer.pad_token_id
@@ -105,7 +113,8 @@ class ProcessEngine:
         context = torch.multiprocessing.get_context("spawn")
         self.model.share_memory()
         parent, child = context.Pipe()
-        args = (child, self.model, self.tokenizer, self.kind, self.threads, self.policy_version, self.mailbox)
+        args = (child, self.model, self.tokenizer, self.kind, self.threads, self.policy_version, self.mailbox,
+                self.options)  # fmt: skip
         self.process = context.Process(target=_serve, args=args, name="posttrain-rollout", daemon=True)
         try:
             self.process.start()
@@ -146,6 +155,7 @@ def _serve(
     threads: int,
     version: int,
     mailbox: SharedMailbox | None,
+    options: dict[str, Any],
 ) -> None:
     """The child's loop: build the engine on the shared model, answer calls until told to close."""
     from posttrain.rollout.engine import build_engine
@@ -153,13 +163,15 @@ def _serve(
     # Ctrl-C reaches the whole process group: the parent stops the run and closes this process
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
-    engine = build_engine(model, tokenizer, kind=kind, policy_version=version, mailbox=mailbox)
+    engine = build_engine(model, tokenizer, kind=kind, policy_version=version, mailbox=mailbox, **options)
     while True:
         try:
             command, args = connection.recv()
         except EOFError:  # the parent is gone
             return
         if command == "close":
+            if hasattr(engine, "close"):  # vLLM's instance and its exported folder
+                engine.close()
             return
         try:
             if command == "generate":

@@ -83,20 +83,25 @@ class RolloutWorker:
     threaded actor), so weights offered while a ``generate`` runs reach it at a token boundary."""
 
     def __init__(self, model: nn.Module, tokenizer: Any, kind: str, threads: int, version: int,
-                 interruptible: bool = False) -> None:  # fmt: skip
+                 interruptible: bool = False, options: dict[str, Any] | None = None) -> None:  # fmt: skip
         from posttrain.rollout.engine import build_engine
         from posttrain.rollout.weight_mailbox import ThreadMailbox
 
         torch.set_num_threads(threads)
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         mailbox = ThreadMailbox() if interruptible else None
-        self.engine = build_engine(model.to(device), tokenizer, kind=kind, policy_version=version, mailbox=mailbox)
+        self.model = model.to(device)
+        self.engine = build_engine(self.model, tokenizer, kind=kind, policy_version=version, mailbox=mailbox,
+                                   **(options or {}))  # fmt: skip
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> Rollouts:
         return self.engine.generate(prompts, sampling)
 
     def update_weights(self, version: int, weights: Mapping[str, Tensor]) -> None:
-        self.engine.update_weights(version, weights)
+        """The learner's weights (by the policy's own names) into this worker's copy, then the engine
+        refreshed from it as a colocated engine is (vLLM: its weights reloaded from the copy)."""
+        self.model.load_state_dict(weights)
+        self.engine.update_weights(version)
 
     def offer_weights(self, version: int, weights: Mapping[str, Tensor]) -> None:
         self.engine.offer_weights(version, weights)
@@ -109,7 +114,9 @@ class RayEngine:
     """A rollout engine whose generation runs in ``cluster.rollout_workers`` Ray actors (see the
     module docstring). ``model`` is the policy (or the asynchronous producer's copy of it): its
     weights are what ``update_weights(version)`` sends when no ``state_dict`` is given.
-    ``interruptible`` (``rollout.interrupt``): :meth:`offer_weights` reaches generations in flight."""
+    ``interruptible`` (``rollout.interrupt``): :meth:`offer_weights` reaches generations in flight.
+    ``options``: build_engine's other arguments for each worker's engine (``kind: vllm``: a vLLM
+    instance in each worker, started with ``options["vllm_options"]``)."""
 
     def __init__(
         self,
@@ -119,10 +126,11 @@ class RayEngine:
         kind: str = "auto",
         echo: Callable[[str], None] = print,
         interruptible: bool = False,
+        options: dict[str, Any] | None = None,
     ) -> None:
         self.ray = ray = import_ray()
         self.model, self.tokenizer, self.cluster, self.kind, self.echo = model, tokenizer, cluster, kind, echo
-        self.interruptible, self.offers = interruptible, []
+        self.interruptible, self.offers, self.options = interruptible, [], options or {}
         self.pad_id: int = tokenizer.pad_token_id
         self.eos_id: int | None = tokenizer.eos_token_id
         self.policy_version, self.failures = 0, 0
@@ -183,7 +191,13 @@ class RayEngine:
         options = {"num_cpus": cluster.worker_threads, "num_gpus": cluster.worker_gpus, "max_restarts": 0}
         options["max_concurrency"] = 2 if self.interruptible else 1  # an offer beside a generation
         worker = self.actor_class.options(**options).remote(
-            self.blob, self.tokenizer, self.kind, cluster.worker_threads, self.policy_version, self.interruptible
+            self.blob,
+            self.tokenizer,
+            self.kind,
+            cluster.worker_threads,
+            self.policy_version,
+            self.interruptible,
+            self.options,
         )
         if self.weights is not None:
             worker.update_weights.remote(self.policy_version, self.weights)

@@ -1,4 +1,6 @@
-"""vLLM as a rollout engine, colocated with the trainer in one process.
+"""vLLM as a rollout engine, in the process that holds the model it samples from: the trainer's
+(colocated), the asynchronous producer's rollout process or thread, or a Ray rollout worker — each
+its own instance, given that model's weights at every ``update_weights``.
 
 The same contract as the local engine (:class:`~posttrain.rollout.types.RolloutEngine`):
 token-id prompts in, :class:`~posttrain.rollout.types.Rollouts` out, prompt-major, with the

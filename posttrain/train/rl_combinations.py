@@ -46,10 +46,11 @@ def _async_problems(config: RLRun) -> list[str]:
             "rollout.max_staleness overlaps sampling with training; rollout.replay samples nothing (it reads "
             "recorded batches): set max_staleness: 0 to replay"
         )
-    if config.engine_kind == "vllm":
+    if config.engine_kind == "vllm" and rollout.interrupt:
         problems.append(
-            "rollout.max_staleness >= 1 with rollout.engine = 'vllm' is not supported yet (the producer keeps its "
-            "own copy of the policy for a local engine): use engine auto, native or transformers, or max_staleness: 0"
+            "rollout.interrupt with rollout.engine = 'vllm' is not supported yet (vLLM cannot switch a request's "
+            "weights between tokens; it would need aborting and resubmitting requests as partial rollouts): use "
+            "engine auto, native or transformers, or interrupt: false"
         )
     return problems
 
@@ -62,15 +63,10 @@ def _fsdp2_problems(config: RLRun) -> list[str]:
 
 
 def _cluster_problems(config: RLRun) -> list[str]:
-    """What the Ray rollout workers (``rollout/ray_engine.py``) do not do."""
+    """What cannot mean anything with Ray rollout workers (``rollout/ray_engine.py``)."""
     if config.cluster.kind != "ray":
         return []
     problems = []
-    if config.engine_kind == "vllm":
-        problems.append(
-            "cluster.kind = 'ray' runs a local engine in each rollout worker; rollout.engine = 'vllm' is not "
-            "supported there yet: use engine auto, native or transformers"
-        )
     if config.rollout.replay is not None:
         problems.append("rollout.replay samples nothing (it reads recorded batches): leave cluster.kind: local")
     return problems

@@ -144,8 +144,9 @@ def learner_engine(config: RLRun, policy: nn.Module, tokenizer: Any, echo: Calla
 
 
 def _engine_over(config: RLRun, model: nn.Module, tokenizer: Any, echo: Callable[[str], None]) -> Any:
-    if config.rollout.max_staleness:  # it evaluates only: a local engine
-        return build_engine(model, tokenizer, kind=config.engine_kind, **engine_options(config))
+    if config.rollout.max_staleness:  # it evaluates only: a local engine, current without a sync
+        kind = "auto" if config.engine_kind == "vllm" else config.engine_kind
+        return build_engine(model, tokenizer, kind=kind, **engine_options(config))
     return rollout_engine(config, model, tokenizer, echo)
 
 
@@ -158,7 +159,9 @@ def rollout_engine(
         from posttrain.rollout.ray_engine import RayEngine
 
         # with rollout.interrupt it is the producer's: offered each version as the learner makes it
-        return RayEngine(model, tokenizer, config.cluster, config.engine_kind, echo, config.rollout.interrupt)
+        return RayEngine(
+            model, tokenizer, config.cluster, config.engine_kind, echo, config.rollout.interrupt, engine_options(config)
+        )
     return build_engine(model, tokenizer, kind=config.engine_kind, mailbox=mailbox, **engine_options(config))
 
 
@@ -232,7 +235,9 @@ def asynchronous(
     if config.cluster.kind == "ray":  # the producer thread hands the batches to the Ray workers
         engine: Any = rollout_engine(config, rollout_model, tokenizer, echo)
     elif producer_kind(config, model_device(policy)) == "process":
-        engine = ProcessEngine(rollout_model, tokenizer, config.engine_kind, threads, interruptible=offered)
+        engine = ProcessEngine(
+            rollout_model, tokenizer, config.engine_kind, threads, interruptible=offered, options=engine_options(config)
+        )
     else:
         mailbox = ThreadMailbox() if offered else None
         engine = rollout_engine(config, rollout_model, tokenizer, echo, mailbox=mailbox)

@@ -12,9 +12,8 @@ import posttrain
 
 PACKAGE = Path(posttrain.__file__).parent
 REMAINING = {
-    ("train/rl_combinations.py", "rollout.max_staleness >= 1 with rollout.engine = 'vllm'"),
+    ("train/rl_combinations.py", "rollout.interrupt with rollout.engine = 'vllm'"),
     ("train/rl_combinations.py", "strategy = 'fsdp2' with {name}"),  # name: rollout.engine = 'vllm' alone
-    ("train/rl_combinations.py", "rollout.engine = 'vllm' is not supported there yet"),
 }
 
 

@@ -64,3 +64,49 @@ def test_a_failed_weight_sync_stops_the_run_with_a_message(run, monkeypatch):
     # a caller that catches it still cannot sample from the stale weights
     with pytest.raises(WeightSyncError, match="refusing to sample"):
         run.step(5)
+
+
+@pytest.mark.parametrize("producer", ["thread", "process"])
+def test_the_asynchronous_producer_samples_with_a_vllm_of_its_own(tmp_path, producer):
+    """rollout.max_staleness with vLLM (issue 41): the producer's own instance — in its thread, or
+    in the rollout process — is given each admitted version's weights before it samples. vLLM
+    stamps a version only once its sync succeeded, so every batch carrying exactly its admitted
+    version (η = 1: 0, 0, 1, 2) shows each sync took; the first batch, sampled with the weights the
+    learner then holds, matches the trainer's log-probs; the learner evaluates with a local engine."""
+    overrides = [*TINY, *SMALL, *VLLM, "steps=4", "rollout.max_staleness=1", f"rollout.producer={producer}"]
+    config = load_rl_config(None, [*overrides, f"output_dir={tmp_path / 'run'}"])
+    run = OnlineRL(config, reward_functions=[vowel_share], echo=lambda line: None)
+    assert not isinstance(run.engine, VLLMEngine)  # the learner's own engine only evaluates
+    versions, prepare = [], run.prepare
+
+    def keep(batch, metrics):
+        versions.append(sorted(set(batch.policy_version.tolist())))
+        return prepare(batch, metrics)
+
+    run.prepare = keep
+    history = run.run()
+    assert versions == [[0], [0], [1], [2]]
+    assert [h["async/staleness_max"] for h in history] == [0.0, 1.0, 1.0, 1.0]
+    assert history[0]["rollout/mismatch_kl"] < 1e-6  # vLLM held the learner's version-0 weights
+    assert run.source.engine.policy_version == 2  # the last version the producer was given
+
+
+def test_ray_rollout_workers_sample_with_a_vllm_each(tmp_path):
+    """cluster.kind: ray with vLLM (issue 41): each of the 2 workers starts its own instance and
+    takes the learner's weights after every update: every step's samples carry the learner's
+    version and match the trainer's log-probs (a worker left on old weights would not)."""
+    pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'posttrain[dist]'")
+    overrides = [*TINY, *SMALL, *VLLM, "steps=3", "cluster.kind=ray", "cluster.rollout_workers=2"]
+    config = load_rl_config(None, [*overrides, f"output_dir={tmp_path / 'run'}"])
+    run = OnlineRL(config, reward_functions=[vowel_share], echo=lambda line: None)
+    versions, prepare = [], run.prepare
+
+    def keep(batch, metrics):
+        versions.append(sorted(set(batch.policy_version.tolist())))
+        return prepare(batch, metrics)
+
+    run.prepare = keep
+    history = run.run()
+    assert versions == [[0], [1], [2]]
+    assert all(h["rollout/mismatch_kl"] < 1e-6 for h in history)
+    assert run.engine.policy_version == 3 and not run.engine.workers  # synced after the last update, then stopped
