@@ -58,6 +58,7 @@ class Trace:
     policy_start: dict[str, torch.Tensor] = field(default_factory=dict)
     critic_start: dict[str, torch.Tensor] = field(default_factory=dict)
     ray_generations: int = 0
+    vllm_generations: int = 0
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
@@ -174,7 +175,7 @@ FEATURES: dict[str, Feature] = {
     ),
     "record_rollouts": Feature(["record_rollouts=true"], _record),
     # the two below run in other processes: the Ray cluster's workers; two torchrun ranks
-    "ray": Feature(["cluster.kind=ray", "cluster.rollout_workers=1", "rollout.engine=native"], _ray),
+    "ray": Feature(["cluster.kind=ray", "cluster.rollout_workers=1"], _ray),
     "fsdp2": Feature(["strategy=fsdp2"], _fsdp2),
     "replay": Feature([], _replay),  # rollout.replay=<a recording of the same pair>, set by the test
 }

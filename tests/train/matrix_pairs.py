@@ -9,6 +9,7 @@ RESULTS.jsonl: ``{"pair": ..., "failures": [each rank's failed check, or nothing
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import traceback
@@ -34,7 +35,7 @@ samples on Ray workers."""
 
 def traced(overrides: list[str]) -> Trace:
     """Run ``overrides`` in this process, keeping every batch the update trained on and counting
-    the generations Ray's rollout workers ran."""
+    the generations of Ray's rollout workers and of vLLM (:class:`counted_generations`)."""
     config = load_rl_config(None, overrides)
     run = OnlineRL(config, echo=lambda line: None)
     batches, prepare = [], run.prepare
@@ -47,35 +48,42 @@ def traced(overrides: list[str]) -> Trace:
     policy = {name: local(p) for name, p in run.policy.named_parameters()}
     critic = {} if run.critic is None else {name: local(p) for name, p in run.critic.named_parameters()}
     trace = Trace(run, [], batches, Path(config.output_dir), policy, critic)
-    with counted_ray_generations(trace):
+    with counted_generations(trace):
         trace.history = run.run()
     return trace
 
 
-class counted_ray_generations:
-    """Within the block, every :meth:`RayEngine.generate` adds one to ``trace.ray_generations``."""
+class counted_generations:
+    """Within the block, every :meth:`RayEngine.generate` adds one to ``trace.ray_generations`` and
+    every :meth:`VLLMEngine.generate` of this process one to ``trace.vllm_generations``."""
 
     def __init__(self, trace: Trace) -> None:
-        self.trace = trace
+        self.trace, self.patched = trace, []
 
     def __enter__(self) -> None:
-        try:
-            from posttrain.rollout.ray_engine import RayEngine
-        except ImportError:
-            self.engine_class = None
-            return
-        self.engine_class, self.generate = RayEngine, RayEngine.generate
-        trace, generate = self.trace, RayEngine.generate
+        for module, name, counter in (
+            ("posttrain.rollout.ray_engine", "RayEngine", "ray_generations"),
+            ("posttrain.rollout.vllm_engine", "VLLMEngine", "vllm_generations"),
+        ):
+            try:
+                engine_class = getattr(importlib.import_module(module), name)
+            except ImportError:  # Ray or vLLM not installed: nothing of theirs runs
+                continue
+            self.patched.append((engine_class, engine_class.generate))
+            engine_class.generate = self._counting(engine_class.generate, counter)
+
+    def _counting(self, generate, counter: str):
+        trace = self.trace
 
         def counting(engine, *args, **kwargs):
-            trace.ray_generations += 1
+            setattr(trace, counter, getattr(trace, counter) + 1)
             return generate(engine, *args, **kwargs)
 
-        RayEngine.generate = counting
+        return counting
 
     def __exit__(self, *exc) -> None:
-        if self.engine_class is not None:
-            self.engine_class.generate = self.generate
+        for engine_class, generate in self.patched:
+            engine_class.generate = generate
 
 
 def losses(history: list[dict]) -> list[dict]:

@@ -1,7 +1,7 @@
 """What is still refused as "not supported": the combinations the code cannot run yet, listed here
 so that none is added unnoticed (a feature is a wrapper or a registry entry that works with the
-others; docs/design.md, "The combination matrix"). What remains is vLLM outside the colocated
-learner (the asynchronous producer, Ray workers, FSDP2), the next issue's work."""
+others; docs/design.md, "The combination matrix"). What remains is vLLM with rollout.interrupt
+and with FSDP2, out of issue 41's scope."""
 
 from __future__ import annotations
 
