@@ -18,7 +18,10 @@ oneDNN and empties the originals, so writing into its parameters does not work).
 optimizer step :meth:`VLLMEngine.update_weights` hands it the policy's tensors by checkpoint
 name through the workers' ``reload_weights`` call, which reruns the loader and its repacking,
 then resets the prefix cache: KV cached from the old weights would otherwise be reused by any
-new request that shares a prefix with an old one (a group's prompt, a chat template).
+new request that shares a prefix with an old one (a group's prompt, a chat template). A LoRA
+policy sends only its adapters instead, as a LoRA request over the frozen base, where vLLM can
+load them (``rollout.vllm.weight_sync: auto``; rollout/vllm_adapters.py, with vLLM's own list of
+loaded adapters as the receipt); otherwise its weights go with the adapters folded in.
 
 Covers / does not cover (the weight sync is the part that can go silently wrong):
 
@@ -55,6 +58,7 @@ from torch import Tensor, nn
 from posttrain.config import Section
 from posttrain.errors import MissingExtraError, PosttrainError
 from posttrain.rollout.types import Rollouts, SamplingParams
+from posttrain.rollout.vllm_adapters import AdapterSync, adapter_sync_reason, base_weights_of, lora_options
 from posttrain.rollout.weights import inference_weights, save_inference_folder, unmergeable_reason
 
 INSTALL_HINT = (
@@ -84,6 +88,10 @@ class VLLMOptions(Section):
     """Seed of vLLM's own random state (each call's samples are seeded by SamplingParams.seed)."""
     enable_prefix_caching: bool = True
     """Compute a shared prompt prefix once (a group's samples); reset after every weight sync."""
+    weight_sync: Literal["auto", "full"] = "auto"
+    """auto: a LoRA policy sends only its adapters after each update (a vLLM LoRA request over the
+    frozen base, rollout/vllm_adapters.py) where vLLM can load them, the folded weights otherwise;
+    full: always every weight, the adapters folded in."""
     llm_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Further keyword arguments for ``vllm.LLM`` (e.g. {compilation_config: 3}); they win."""
 
@@ -134,13 +142,18 @@ class VLLMEngine:
         self.last_sync_s = 0.0
         self._sync_failure: str | None = None
         self._folder = tempfile.TemporaryDirectory(prefix="posttrain-vllm-")
-        weights = inference_weights(model)
-        # every later sync must send exactly these names: fewer would leave some weights stale
+        adapters = self.options.weight_sync == "auto" and adapter_sync_reason(model) is None
+        # with adapter sync vLLM starts on the frozen base and takes version 0's adapter at once
+        self.adapters = AdapterSync() if adapters else None
+        weights = base_weights_of(model) if adapters else inference_weights(model)
+        # every later full sync must send exactly these names: fewer would leave some weights stale
         self.weight_names = frozenset(weights)
         save_inference_folder(model, tokenizer, self._folder.name, weights)
-        self.llm = self._start(vllm)
+        self.llm = self._start(vllm, lora_options(model) if adapters else {})
+        if self.adapters is not None:
+            self.update_weights(policy_version)
 
-    def _start(self, vllm: Any) -> Any:
+    def _start(self, vllm: Any, lora: dict[str, Any]) -> Any:
         options = self.options
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(options.cpu_kvcache_gb)
         kwargs: dict[str, Any] = {
@@ -154,6 +167,7 @@ class VLLMEngine:
             "enable_prefix_caching": options.enable_prefix_caching,
             # log softmax of the temperature-scaled logits: what the trainer recomputes
             "logprobs_mode": "processed_logprobs",
+            **lora,
         }
         kwargs.update(options.llm_kwargs)
         return vllm.LLM(**kwargs)
@@ -168,7 +182,8 @@ class VLLMEngine:
         prompt_ids, prompt_mask = left_pad(prompts, self.pad_id)
         requests = [{"prompt_token_ids": [int(t) for t in prompt]} for prompt in prompts]
         params = [self._sampling_params(sampling, index) for index in range(len(prompts))]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        adapter = None if self.adapters is None else self.adapters.request
+        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=adapter)
         completions = []
         for output in outputs:
             group = sorted(output.outputs, key=lambda c: c.index)
@@ -248,6 +263,10 @@ class VLLMEngine:
         later sync succeeds. ``last_sync_s`` holds the seconds the last successful sync took.
         """
         start = time.perf_counter()
+        if self.adapters is not None:
+            self._sync_adapters(version, state_dict)
+            self.last_sync_s = time.perf_counter() - start
+            return
         weights = dict(state_dict) if state_dict is not None else inference_weights(self.model)
         # from here until success, generate() refuses: vLLM may hold part old, part new weights
         self._sync_failure = f"the weight sync to policy version {version} did not complete"
@@ -265,6 +284,21 @@ class VLLMEngine:
         self._sync_failure = None
         self.policy_version = version
         self.last_sync_s = time.perf_counter() - start
+
+    def _sync_adapters(self, version: int, state_dict: Mapping[str, Tensor] | None) -> None:
+        """The policy's adapter (its own parameters, or ``state_dict`` by the policy's names) as
+        version ``version``'s LoRA request, checked against vLLM's list of loaded adapters."""
+        self._sync_failure = f"the adapter sync to policy version {version} did not complete"
+        try:
+            if state_dict is not None:
+                self.model.load_state_dict(state_dict, strict=False)
+            self.adapters.load(self.llm, self.model, version)
+            if self.llm.reset_prefix_cache() is False:
+                raise RuntimeError("vLLM could not reset its prefix cache (requests still running?)")
+        except Exception as error:
+            raise self._failed(version, f"{type(error).__name__}: {error}") from error
+        self._sync_failure = None
+        self.policy_version = version
 
     def _failed(self, version: int, detail: str) -> WeightSyncError:
         self._sync_failure = f"the weight sync to policy version {version} failed: {detail}"
@@ -284,6 +318,8 @@ class VLLMEngine:
             del llm, engine
             gc.collect()
         self._folder.cleanup()
+        if self.adapters is not None:
+            self.adapters.close()
 
 
 def _few(names: list[str], limit: int = 3) -> str:

@@ -110,3 +110,20 @@ def test_ray_rollout_workers_sample_with_a_vllm_each(tmp_path):
     assert versions == [[0], [1], [2]]
     assert all(h["rollout/mismatch_kl"] < 1e-6 for h in history)
     assert run.engine.policy_version == 3 and not run.engine.workers  # synced after the last update, then stopped
+
+
+def test_a_lora_policy_sends_vllm_its_adapters_alone_after_every_update(tmp_path):
+    """rollout.vllm.weight_sync: auto with LoRA (issue 41): vLLM runs on the frozen base and takes each
+    version's adapter as a LoRA request; every step's samples match the trainer's log-probs of the
+    adapted policy (an adapter left behind would not), and vLLM lists the last version's alone."""
+    overrides = [*TINY, *SMALL, *VLLM, "steps=3", "model.lora.r=4", "model.lora.alpha=8", "learning_rate=1e-2"]
+    config = load_rl_config(None, [*overrides, f"output_dir={tmp_path / 'run'}"])
+    run = OnlineRL(config, reward_functions=[vowel_share], echo=lambda line: None)
+    try:
+        history = run.run()
+        assert run.engine.adapters is not None and run.engine.llm.llm_engine.list_loras() == {4}  # version 3
+    finally:
+        run.engine.close()
+    assert len({round(h["loss/policy"], 6) for h in history}) > 1  # it trained
+    for metrics in history:
+        assert metrics["rollout/mismatch_kl"] < 1e-6 and metrics["rollout/logprob_diff_max"] < 1e-3
