@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """Rollout engines side by side: transformers ``generate``, posttrain's native and transformers
-engines, and vLLM. Reports generation tokens/s, the seconds one vLLM weight sync takes, and the
-GRPO step time split (generate / prepare / train / weight sync) with each engine.
+engines, and vLLM. Reports generation tokens/s, the seconds one vLLM weight sync takes (a plain
+policy; a LoRA policy's full reload against its adapter alone), and the GRPO step time split
+(generate / prepare / train / weight sync) with each engine and with vLLM where it can run:
+colocated, in the asynchronous producer, in 2 Ray rollout workers.
 
 One process and one model for every side; the generation sides take turns (a slow spell of the
 machine hits them alike) and medians are reported. Every row runs the full ``--new-tokens`` (the
@@ -15,7 +17,9 @@ EOS check is pointed at an id no token has), so the work is equal. Run it from .
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import math
 import shutil
 import statistics
 import tempfile
@@ -27,6 +31,7 @@ from timing import take_turns
 
 from posttrain.data.tasks.reverse import make_prompt, split_names
 from posttrain.models.loading import load_causal_lm, load_tokenizer
+from posttrain.models.lora import apply_lora
 from posttrain.models.tiny import build_tiny_causal_lm
 from posttrain.models.tokenizers import build_char_tokenizer
 from posttrain.rollout.engine import build_engine
@@ -86,21 +91,48 @@ def generation(model, tokenizer, args) -> tuple[dict[str, float], float | None]:
     return seconds, sync
 
 
-def grpo_split(folder: Path, scratch: Path, engine: str, args) -> dict[str, float]:
-    """Median seconds of each part of a GRPO step (steps 2.., step 1 warms up) with ``engine``."""
+GRPO_SIDES = {
+    "native": ["rollout.engine=native"],
+    "vllm": ["rollout.engine=vllm"],  # colocated: in the learner's process
+    "vllm-producer": ["rollout.engine=vllm", "rollout.max_staleness=1"],  # the rollout process's own
+    "vllm-ray2": ["rollout.engine=vllm", "cluster.kind=ray", "cluster.rollout_workers=2"],
+}
+"""The GRPO runs ``--grpo-engines`` picks from: their overrides."""
+
+
+def grpo_split(folder: Path, scratch: Path, side: str, args) -> dict[str, float]:
+    """Median seconds of each part of a GRPO step (steps 2.., step 1 warms up) run as ``side``;
+    a part a side does not time in the learner (the producer's sync) reads NaN."""
     overrides = [
         f"model.path={folder}", "data.task=reverse", "data.n_train=256", "data.n_eval=9", "eval_size=0",
         f"prompts_per_step={args.prompts}", f"samples_per_prompt={args.samples}",
         f"max_new_tokens={args.new_tokens}", "learning_rate=1e-5", "preflight=false", "reward_workers=0",
-        f"rollout.engine={engine}", f"rollout.vllm.enforce_eager={not args.compiled}",
-        f"threads={args.threads}", f"output_dir={scratch / ('grpo-' + engine)}",
+        *GRPO_SIDES[side], f"rollout.vllm.enforce_eager={not args.compiled}", f"steps={args.grpo_steps}",
+        f"threads={args.threads}", f"output_dir={scratch / ('grpo-' + side)}", "report_to=[]",
     ]  # fmt: skip
     run = OnlineRL(load_rl_config(None, overrides), reward_functions=[vowel_share], echo=lambda line: None)
-    steps = [run.step(step)[0] for step in range(1, args.grpo_steps + 1)]
+    steps = run.run()
     if hasattr(run.engine, "close"):
         run.engine.close()
     timed = steps[1:] or steps
-    return {key: statistics.median(s[key] for s in timed) for key in STEP_KEYS}
+    return {key: statistics.median(s.get(key, math.nan) for s in timed) for key in STEP_KEYS}
+
+
+def lora_sync(model, tokenizer, args) -> dict[str, float]:
+    """Median seconds of one vLLM weight sync of a LoRA policy (rank ``--lora-rank`` on every
+    linear layer): every weight with the adapters folded in, against the adapter alone."""
+    policy = apply_lora(copy.deepcopy(model), r=args.lora_rank, alpha=2 * args.lora_rank).eval()
+    medians = {}
+    for mode in ("full", "auto"):
+        engine = build_engine(policy, tokenizer, "vllm", vllm_options=VLLMOptions(enforce_eager=not args.compiled,
+                                                                                  weight_sync=mode))  # fmt: skip
+        times = []
+        for version in range(1, args.repeats + 2):
+            engine.update_weights(version)
+            times.append(engine.last_sync_s)
+        engine.close()
+        medians["adapters" if mode == "auto" else "full"] = statistics.median(times[1:])  # the first warms up
+    return medians
 
 
 def main() -> None:
@@ -113,7 +145,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sides", default="generate,native,transformers,vllm", help="comma-separated sides")
-    parser.add_argument("--grpo-engines", default="native,vllm", help="engines whose GRPO step is split")
+    parser.add_argument("--grpo-engines", default="native,vllm,vllm-producer,vllm-ray2",
+                        help=f"GRPO runs whose step is split, of {', '.join(GRPO_SIDES)}")  # fmt: skip
+    parser.add_argument("--lora-rank", type=int, default=16, help="the LoRA policy of the sync comparison")
     parser.add_argument("--grpo-steps", type=int, default=3)
     parser.add_argument("--compiled", action="store_true", help="let vLLM compile (slow first load)")
     args = parser.parse_args()
@@ -131,6 +165,7 @@ def main() -> None:
         model, tokenizer = load_causal_lm(folder), load_tokenizer(folder)
     model.eval()
     seconds, sync = generation(model, tokenizer, args)
+    lora = lora_sync(model, tokenizer, args) if "vllm" in args.sides.split(",") else {}
     del model
     splits = {engine: grpo_split(folder, scratch, engine, args) for engine in args.grpo_engines.split(",") if engine}
     shutil.rmtree(scratch, ignore_errors=True)
@@ -145,9 +180,13 @@ def main() -> None:
         print(f"{side:<14}{value:>9.2f}{tokens / value:>10.0f}{ratio:>13}")
     if sync is not None:
         print(f"vLLM weight sync: {sync:.3f} s (median)")
+    if lora:
+        print(f"vLLM weight sync of a rank-{args.lora_rank} LoRA policy: every weight folded {lora['full']:.3f} s, "
+              f"the adapter alone {lora['adapters']:.3f} s ({lora['full'] / lora['adapters']:.1f}x)")  # fmt: skip
     for engine, split in splits.items():
         parts = ", ".join(f"{key.split('/')[1][:-2]} {value:.2f}" for key, value in split.items())
-        print(f"GRPO step with {engine}: {parts} (s, median of steps 2..{args.grpo_steps})")
+        rate = tokens / split["time/step_s"]
+        print(f"GRPO step with {engine}: {parts} (s, median of steps 2..{args.grpo_steps}); {rate:.0f} tokens/s")
     record = {
         "bench": "vllm_engines",
         "model": str(args.model or "tiny"),
@@ -157,6 +196,7 @@ def main() -> None:
         "vllm_compiled": args.compiled,
         "tokens_per_s": {side: round(tokens / value) for side, value in seconds.items()},
         "vllm_weight_sync_s": None if sync is None else round(sync, 3),
+        "vllm_lora_sync_s": {mode: round(value, 4) for mode, value in lora.items()},
         "grpo_step_split_s": {e: {k: round(v, 3) for k, v in s.items()} for e, s in splits.items()},
     }
     print(json.dumps(record))
