@@ -48,7 +48,7 @@ import gc
 import os
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -278,26 +278,28 @@ class VLLMEngine:
         missing, unknown = sorted(self.weight_names - weights.keys()), sorted(weights.keys() - self.weight_names)
         if missing or unknown:
             raise self._failed(version, f"a partial state dict (missing: {_few(missing)}; unknown: {_few(unknown)})")
-        try:
-            self.llm.collective_rpc(
-                "reload_weights", kwargs={"weights_iterator": list(weights.items()), "is_checkpoint_format": True}
-            )
-            if self.llm.reset_prefix_cache() is False:
-                raise RuntimeError("vLLM could not reset its prefix cache (requests still running?)")
-        except Exception as error:
-            raise self._failed(version, f"{type(error).__name__}: {error}") from error
-        self._sync_failure = None
-        self.policy_version = version
+        items = list(weights.items())
+        self._take(version, lambda: self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True}))  # fmt: skip
         self.last_sync_s = time.perf_counter() - start
 
     def _sync_adapters(self, version: int, state_dict: Mapping[str, Tensor] | None) -> None:
         """The policy's adapter (its own parameters, or ``state_dict`` by the policy's names) as
         version ``version``'s LoRA request, checked against vLLM's list of loaded adapters."""
         self._sync_failure = f"the adapter sync to policy version {version} did not complete"
-        try:
+
+        def load() -> None:
             if state_dict is not None:
                 self.model.load_state_dict(state_dict, strict=False)
             self.adapters.load(self.llm, self.model, version)
+
+        self._take(version, load)
+
+    def _take(self, version: int, load: Callable[[], Any]) -> None:
+        """``load()`` (which hands vLLM the weights), then the prefix cache reset: any failure is a
+        :class:`WeightSyncError` that leaves sampling refused; success stamps ``version``."""
+        try:
+            load()
             if self.llm.reset_prefix_cache() is False:
                 raise RuntimeError("vLLM could not reset its prefix cache (requests still running?)")
         except Exception as error:

@@ -66,6 +66,18 @@ def test_a_failed_weight_sync_stops_the_run_with_a_message(run, monkeypatch):
         run.step(5)
 
 
+def watch_versions(run: OnlineRL) -> list[list[int]]:
+    """The policy versions among each trained batch's samples, filled in as ``run`` trains."""
+    versions, prepare = [], run.prepare
+
+    def keep(batch, metrics):
+        versions.append(sorted(set(batch.policy_version.tolist())))
+        return prepare(batch, metrics)
+
+    run.prepare = keep
+    return versions
+
+
 @pytest.mark.parametrize("producer", ["thread", "process"])
 def test_the_asynchronous_producer_samples_with_a_vllm_of_its_own(tmp_path, producer):
     """rollout.max_staleness with vLLM (issue 41): the producer's own instance — in its thread, or
@@ -77,13 +89,7 @@ def test_the_asynchronous_producer_samples_with_a_vllm_of_its_own(tmp_path, prod
     config = load_rl_config(None, [*overrides, f"output_dir={tmp_path / 'run'}"])
     run = OnlineRL(config, reward_functions=[vowel_share], echo=lambda line: None)
     assert not isinstance(run.engine, VLLMEngine)  # the learner's own engine only evaluates
-    versions, prepare = [], run.prepare
-
-    def keep(batch, metrics):
-        versions.append(sorted(set(batch.policy_version.tolist())))
-        return prepare(batch, metrics)
-
-    run.prepare = keep
+    versions = watch_versions(run)
     history = run.run()
     assert versions == [[0], [0], [1], [2]]
     assert [h["async/staleness_max"] for h in history] == [0.0, 1.0, 1.0, 1.0]
@@ -99,13 +105,7 @@ def test_ray_rollout_workers_sample_with_a_vllm_each(tmp_path):
     overrides = [*TINY, *SMALL, *VLLM, "steps=3", "cluster.kind=ray", "cluster.rollout_workers=2"]
     config = load_rl_config(None, [*overrides, f"output_dir={tmp_path / 'run'}"])
     run = OnlineRL(config, reward_functions=[vowel_share], echo=lambda line: None)
-    versions, prepare = [], run.prepare
-
-    def keep(batch, metrics):
-        versions.append(sorted(set(batch.policy_version.tolist())))
-        return prepare(batch, metrics)
-
-    run.prepare = keep
+    versions = watch_versions(run)
     history = run.run()
     assert versions == [[0], [1], [2]]
     assert all(h["rollout/mismatch_kl"] < 1e-6 for h in history)

@@ -22,6 +22,7 @@ from posttrain.train.rl_config import load_rl_config
 
 from .matrix_features import FEATURES, STEPS, Feature, Trace, base_overrides, write_rows
 from .matrix_pairs import run_pair
+from .test_combination_matrix import ray_address  # noqa: F401 (a fixture: one local cluster for the module)
 
 pytestmark = pytest.mark.slow
 
@@ -43,14 +44,6 @@ def _vllm(trace: Trace) -> None:
 VLLM = Feature(["rollout.engine=vllm", "model.tiny.hidden=64", "rollout.vllm.max_model_len=64",
                 "rollout.producer=thread"], _vllm)  # fmt: skip
 OTHERS = [name for name in FEATURES if name not in NOT_YET]
-
-
-@pytest.fixture(scope="module")
-def ray_address():
-    ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'posttrain[dist]'")
-    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=512 << 20, log_to_driver=False)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
 
 
 @pytest.mark.parametrize("other", OTHERS)
