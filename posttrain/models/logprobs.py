@@ -57,15 +57,18 @@ def token_logprobs_and_entropies(
     temperature: float = 1.0,
     chunk_size: int | None = None,
     with_entropy: bool = False,
+    support: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """:func:`token_logprobs` and, with ``with_entropy``, :func:`token_entropies` from one pass over
-    the logits. ``[B, T, V], [B, T] -> ([B, T], [B, T] or None)``."""
+    the logits. ``[B, T, V], [B, T] -> ([B, T], [B, T] or None)``; ``support [B, T, K]``: see
+    :func:`chunked_logprobs`."""
     if logits.shape[:-1] != tokens.shape:
         raise ValueError(f"logits {tuple(logits.shape)} do not match tokens {tuple(tokens.shape)}")
     flat = logits.reshape(-1, logits.shape[-1])
     logprobs, entropies = chunked_logprobs(
-        flat, tokens.reshape(-1), nn.Identity(), flat.shape[-1], temperature, chunk_size, with_entropy
-    )
+        flat, tokens.reshape(-1), nn.Identity(), flat.shape[-1], temperature, chunk_size, with_entropy,
+        support=_flat_support(support),
+    )  # fmt: skip
     return logprobs.view(tokens.shape), None if entropies is None else entropies.view(tokens.shape)
 
 
@@ -80,6 +83,7 @@ def response_logprobs(
     with_entropy: bool = False,
     lm_head_chunks: bool = False,
     chunk_size: int | None = None,
+    support: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropies) of the response tokens of ``prompt ‖ response`` sequences.
 
@@ -93,6 +97,7 @@ def response_logprobs(
     ``lm_head_chunks`` the final hidden states go through the output layer ``chunk_size``
     positions at a time, so ``[B, T, V]`` logits never exist at once (tied embeddings
     included); this needs a model whose logits are exactly ``lm_head(hidden)``.
+    ``support [B, T, K]``: each token's kept set, renormalised over (:func:`chunked_logprobs`).
     """
     start = _response_start(input_ids, response_start, response_mask)
     tokens = input_ids[:, start:]
@@ -103,14 +108,15 @@ def response_logprobs(
         hidden = model.get_decoder()(**inputs).last_hidden_state[:, start - 1 : -1]  # t predicts t + 1
         flat = hidden.reshape(-1, hidden.shape[-1])
         logprobs, entropies = chunked_logprobs(
-            flat, tokens.reshape(-1), head, head.weight.shape[0], temperature, chunk_size, with_entropy
-        )
+            flat, tokens.reshape(-1), head, head.weight.shape[0], temperature, chunk_size, with_entropy,
+            support=_flat_support(support),
+        )  # fmt: skip
         logprobs = logprobs.view(tokens.shape)
         entropies = None if entropies is None else entropies.view(tokens.shape)
     else:
         logits = model(**inputs, logits_to_keep=tokens.shape[1] + 1).logits[:, :-1]  # t predicts t + 1
         logprobs, entropies = token_logprobs_and_entropies(
-            logits, tokens, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy
+            logits, tokens, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy, support=support
         )
     if response_mask is not None:
         logprobs = logprobs * response_mask
@@ -172,10 +178,18 @@ def chunked_logprobs(
     temperature: float,
     chunk_size: int | None,
     entropy: bool,
+    *,
+    support: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Per chunk of rows of ``inputs [N, D]``: logits = to_logits(rows) → (log-probs of ``tokens [N]``,
     entropies), each ``[N]`` float32. Checkpointed under autograd, so backward recomputes each
-    chunk instead of keeping every chunk's ``[rows, V]`` temporaries alive."""
+    chunk instead of keeping every chunk's ``[rows, V]`` temporaries alive.
+
+    ``support [N, K]`` (ids, −1 padded; a row of −1 is the whole vocabulary): the log-prob is
+    renormalised over each row's kept set, log π(a) − log Σ_{b∈K} π(b) — the truncated
+    distribution the sampler drew from (DeepSeek-V3.2 §3.1, "keep sampling mask"), so that an
+    on-policy ratio against the engine's behaviour log-prob starts at 1. Entropies stay those of
+    the whole distribution."""
     rows = chunk_size or max(1, CHUNK_ELEMENTS // vocab_size)
     step = partial(_chunk_stats, to_logits=to_logits, temperature=temperature, entropy=entropy)
     logprobs, entropies = [], []
@@ -185,7 +199,9 @@ def chunked_logprobs(
     for start in range(0, inputs.shape[0], rows):
         piece = inputs[start : start + rows]
         piece_tokens = None if tokens is None else tokens[start : start + rows]
-        out = checkpoint(step, piece, piece_tokens, use_reentrant=False) if needs_grad else step(piece, piece_tokens)
+        piece_support = None if support is None else support[start : start + rows]
+        args = (piece, piece_tokens, piece_support)
+        out = checkpoint(step, *args, use_reentrant=False) if needs_grad else step(*args)
         logprobs.append(out[0])
         entropies.append(out[1])
     if not logprobs:  # no positions at all
@@ -194,8 +210,19 @@ def chunked_logprobs(
     return torch.cat(logprobs), torch.cat(entropies) if entropy else None
 
 
+def _flat_support(support: Tensor | None) -> Tensor | None:
+    """``[B, T, K] → [B·T, K]`` (None stays None)."""
+    return None if support is None else support.reshape(-1, support.shape[-1])
+
+
 def _chunk_stats(
-    rows: Tensor, tokens: Tensor | None, *, to_logits: Callable[[Tensor], Tensor], temperature: float, entropy: bool
+    rows: Tensor,
+    tokens: Tensor | None,
+    support: Tensor | None,
+    *,
+    to_logits: Callable[[Tensor], Tensor],
+    temperature: float,
+    entropy: bool,
 ) -> tuple[Tensor, Tensor]:
     """``[n, D] → ([n], [n])``; the exact arithmetic of the naive formulas, row by row."""
     z = to_logits(rows).float()  # the float32 upcast happens here, one chunk at a time
@@ -204,6 +231,10 @@ def _chunk_stats(
     logp = torch.log_softmax(z, dim=-1)
     empty = z.new_zeros(0)
     picked = logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1) if tokens is not None else empty
+    if support is not None and tokens is not None:
+        ids = support.to(device=logp.device, dtype=torch.long)
+        kept_mass = logp.gather(-1, ids.clamp(min=0)).masked_fill(ids < 0, float("-inf")).logsumexp(-1)
+        picked = picked - torch.where(ids[:, 0] < 0, 0.0, kept_mass)  # a row of −1: the whole vocabulary
     # −Σ softmax·log_softmax rather than logsumexp(z) − Σ p·z: the latter subtracts two numbers
     # of size |z| and loses ~1e-5 to cancellation on a 32k vocabulary
     entropies = -(torch.softmax(z, dim=-1) * logp).sum(-1) if entropy else empty
@@ -248,6 +279,7 @@ def shared_prompt_logprobs(
     with_entropy: bool = False,
     chunk_size: int | None = None,
     response_attention: Tensor | None = None,
+    support: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """:func:`response_logprobs` for responses that share prompts, encoding each prompt once.
 
@@ -280,8 +312,9 @@ def shared_prompt_logprobs(
     vocab = outputs.shape[-1] if head is None else head.weight.shape[0]
     flat = outputs.reshape(-1, outputs.shape[-1])
     logprobs, entropies = chunked_logprobs(
-        flat, response_ids.reshape(-1), to_logits, vocab, temperature, chunk_size, with_entropy
-    )
+        flat, response_ids.reshape(-1), to_logits, vocab, temperature, chunk_size, with_entropy,
+        support=_flat_support(support),
+    )  # fmt: skip
     logprobs = logprobs.view(response_ids.shape) * response_mask
     return logprobs, None if entropies is None else entropies.view(response_ids.shape) * response_mask
 

@@ -222,19 +222,21 @@ def packed_token_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     chunk_size: int | None = None,
+    support: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """``[M]`` float32 log-probs (and entropies) of ``packed.targets`` from one pass over the row;
-    only the predicting positions reach the output layer, a chunk at a time."""
+    only the predicting positions reach the output layer, a chunk at a time. ``support [M, K]``:
+    each target's kept set (:func:`~posttrain.models.logprobs.chunked_logprobs`)."""
     use_packed_attention(model)
     inputs, head = packed.forward_kwargs(), output_layer(model)
     if head is not None:
         hidden = model.get_decoder()(**inputs).last_hidden_state[0, packed.predictors]
         return chunked_logprobs(
-            hidden, packed.targets, head, head.weight.shape[0], temperature, chunk_size, with_entropy
+            hidden, packed.targets, head, head.weight.shape[0], temperature, chunk_size, with_entropy, support=support
         )
     logits = model(**inputs, logits_to_keep=packed.predictors).logits[0]
     return chunked_logprobs(
-        logits, packed.targets, nn.Identity(), logits.shape[-1], temperature, chunk_size, with_entropy
+        logits, packed.targets, nn.Identity(), logits.shape[-1], temperature, chunk_size, with_entropy, support=support
     )
 
 
@@ -249,16 +251,19 @@ def packed_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     chunk_size: int | None = None,
+    support: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """:func:`~posttrain.models.logprobs.response_logprobs` of ``prompt ‖ response`` samples from
     one padding-free pass: ``prompt_ids, prompt_mask [B, P]`` left-padded, ``response_ids,
     response_mask [B, T]`` right-padded, ``widths [B]`` each response's attended tokens (its
     environment turns included). Returns ``[B, T]`` float32 log-probs (and entropies), 0 where
-    ``response_mask`` is 0; equal to the padded pass up to float rounding."""
+    ``response_mask`` is 0; equal to the padded pass up to float rounding. ``support [B, T, K]``:
+    each response token's kept set, renormalised over."""
     packed, rows, columns = pack_samples(prompt_ids, prompt_mask, response_ids, widths)
     logprobs, entropies = packed_token_logprobs(
-        model, packed, temperature=temperature, with_entropy=with_entropy, chunk_size=chunk_size
-    )
+        model, packed, temperature=temperature, with_entropy=with_entropy, chunk_size=chunk_size,
+        support=None if support is None else support[rows, columns],
+    )  # fmt: skip
     blank = torch.zeros(response_ids.shape, dtype=torch.float32, device=response_ids.device)
     out = blank.index_put((rows, columns), logprobs) * response_mask
     return out, None if entropies is None else blank.index_put((rows, columns), entropies) * response_mask

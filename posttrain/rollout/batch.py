@@ -53,6 +53,10 @@ class RolloutBatch:
     turn_rewards: Tensor | None = None  # [B, T] rewards the source placed on tokens (a turn's on its last token)
     # rollout.interrupt: generation switched weights mid-sample; the version that sampled each token
     token_versions: Tensor | None = None  # [B, T] long
+    # rollout.keep_sampling_mask: each sampled token's kept set under top-k/top-p/min-p (the ids,
+    # −1 padded; a position of −1 only means the whole vocabulary), the support the trainer
+    # renormalises its log-probs over
+    sampling_mask: Tensor | None = None  # [B, T, K] int32
     extras: dict[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -131,7 +135,7 @@ class RolloutBatch:
             value = getattr(self, item.name)
             if isinstance(value, Tensor) and item.name in ("prompt_ids", "prompt_mask"):
                 value = value[:, prompt_start:]
-            elif isinstance(value, Tensor) and value.dim() == 2 and item.name != "reward_components":
+            elif isinstance(value, Tensor) and value.dim() >= 2 and item.name != "reward_components":
                 value = value[:, :response_width]
             picked[item.name] = value
         return RolloutBatch(**picked)
@@ -161,6 +165,7 @@ def from_rollouts(
         truncated=rollouts.truncated,
         policy_version=rollouts.policy_version,
         token_versions=rollouts.extras.get("token_versions"),
+        sampling_mask=rollouts.extras.get("sampling_mask"),
         prompts=[row[prompt_column] for row in rows for _ in range(n)],
         completions=completions,
         columns=columns,
@@ -179,7 +184,7 @@ def concat(batches: Sequence[RolloutBatch], pad_id: int) -> RolloutBatch:
         missing = width - t.shape[1]
         if missing == 0:
             return t
-        filler = torch.full((t.shape[0], missing), value, dtype=t.dtype)
+        filler = torch.full((t.shape[0], missing, *t.shape[2:]), value, dtype=t.dtype)
         return torch.cat([filler, t] if left else [t, filler], dim=1)
 
     merged: dict[str, Any] = {}
@@ -192,6 +197,10 @@ def concat(batches: Sequence[RolloutBatch], pad_id: int) -> RolloutBatch:
             if values[0].dim() == 2 and item.name != "reward_components":
                 fill = pad_id if item.name == "response_ids" else 0
                 merged[item.name] = torch.cat([pad(v, response_width, fill, False) for v in values])
+            elif item.name == "sampling_mask":  # [B, T, K]: the widest kept set too
+                kept = max(v.shape[2] for v in values)
+                values = [torch.nn.functional.pad(v, (0, kept - v.shape[2]), value=-1) for v in values]
+                merged[item.name] = torch.cat([pad(v, response_width, -1, False) for v in values])
             else:
                 merged[item.name] = torch.cat(values)
         elif all(isinstance(v, list) for v in values):

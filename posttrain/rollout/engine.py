@@ -28,8 +28,9 @@ if TYPE_CHECKING:
     from posttrain.rollout.vllm_engine import VLLMEngine, VLLMOptions
 
 ENGINE_KINDS = ("auto", "native", "transformers", "vllm")
-# per decoding step: the output rows that ran, their tokens, log-probs, stop hits, the weights version
-Trace = tuple[list[Tensor], list[Tensor], list[Tensor], list["Tensor | None"], list[int]]
+# per decoding step: the output rows that ran, their tokens, log-probs, stop hits, the weights
+# version, the kept sets (None unless asked for)
+Trace = tuple[list[Tensor], list[Tensor], list[Tensor], list["Tensor | None"], list[int], list["Tensor | None"]]
 TRIM_FROM_BYTES = 64 << 20  # a released batch this large is handed back to the system
 
 
@@ -89,7 +90,8 @@ class LocalEngine:
 
     With ``static`` (a :class:`~posttrain.rollout.static_decode.StaticDecoding` over the native
     decoder: fixed-shape steps, replayed as CUDA graphs on a GPU) a batch is sampled by it,
-    unless the engine has a mailbox: this loop then decodes step by step.
+    unless the engine has a mailbox or the batch asks for its sampling masks (kept sets of
+    varying size per step): this loop then decodes step by step.
     """
 
     def __init__(
@@ -126,7 +128,7 @@ class LocalEngine:
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> Rollouts:
         """Sample ``sampling.n`` responses per prompt (token ids, unpadded); B = len(prompts)·n rows."""
         prompt_ids, prompt_mask = left_pad(prompts, self.pad_id)
-        static = self.static is not None and self.mailbox is None
+        static = self.static is not None and self.mailbox is None and not sampling.sampling_mask
         was_training = self.model.training
         if was_training:  # eval() walks every submodule: skip it when there is nothing to switch
             self.model.eval()
@@ -150,10 +152,14 @@ class LocalEngine:
             tokens, logprobs, stops = _outputs_from_device(out)
             versions = [self.policy_version] * tokens.shape[1]
         else:
-            rows, step_tokens, step_logprobs, hits, versions = trace
+            rows, step_tokens, step_logprobs, hits, versions, masks = trace
             batch = prompt_ids.shape[0] * sampling.n
             tokens, logprobs, stops = _scatter(self.pad_id, batch, rows, step_tokens, step_logprobs, hits)
-        return self._assemble(prompt_ids, prompt_mask, sampling.n, tokens, logprobs, stops, versions)
+        rollouts = self._assemble(prompt_ids, prompt_mask, sampling.n, tokens, logprobs, stops, versions)
+        if not static and masks[0] is not None:
+            width = rollouts.response_ids.shape[1]
+            rollouts.extras["sampling_mask"] = _scatter_masks(len(rollouts), rows[:width], masks[:width], rollouts)
+        return rollouts
 
     def _sample_fixed_shapes(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingParams) -> StepOutputs:
         """The batch sampled by fixed-shape steps (CUDA graphs on a GPU): ``[B, steps]`` outputs."""
@@ -178,7 +184,7 @@ class LocalEngine:
         banned = self._banned_token()
         rows = torch.arange(batch, device=device)  # the output row of each running row
         alive = torch.ones(batch, dtype=torch.bool, device=device)
-        trace: Trace = ([], [], [], [], [])
+        trace: Trace = ([], [], [], [], [], [])
         workspace = SamplingWorkspace()
 
         if self.mailbox is not None:  # weights posted since the caller loaded its own
@@ -187,9 +193,9 @@ class LocalEngine:
             prompt_ids.to(device), prompt_mask.to(device), sampling.max_new_tokens, repeats=sampling.n
         )
         for t in range(sampling.max_new_tokens):
-            tokens, logprobs = choose_by(logits, sampling, banned, generator, workspace)
+            tokens, logprobs, mask = choose_by(logits, sampling, banned, generator, workspace)
             hit = _stop_hits(tokens, rows, alive, stop_ids, strings)
-            for column, value in zip(trace, (rows, tokens, logprobs, hit, self.policy_version), strict=True):
+            for column, value in zip(trace, (rows, tokens, logprobs, hit, self.policy_version, mask), strict=True):
                 column.append(value)
             if t == sampling.max_new_tokens - 1:
                 break
@@ -288,6 +294,16 @@ def _scatter(
             stopped_at[index, columns] = torch.stack(hits[columns], -1).cpu()
         start = end
     return out_tokens, out_logprobs, stopped_at
+
+
+def _scatter_masks(batch: int, rows: list[Tensor], masks: list[Tensor], rollouts: Rollouts) -> Tensor:
+    """The steps' kept sets (``[rows, K_step]`` each) as one ``[B, T, K]`` int32 tensor, −1 padded,
+    and −1 on every position past a response's end."""
+    width = max(mask.shape[1] for mask in masks)
+    out = torch.full((batch, len(masks), width), -1, dtype=torch.int32)
+    for step, (ran, mask) in enumerate(zip(rows, masks, strict=True)):
+        out[ran.cpu(), step, : mask.shape[1]] = mask.to(torch.int32).cpu()
+    return out.masked_fill_(rollouts.response_mask[..., None] == 0, -1)
 
 
 def _outputs_from_device(out: StepOutputs) -> tuple[Tensor, Tensor, Tensor]:

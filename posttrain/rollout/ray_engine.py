@@ -301,7 +301,12 @@ def merge_rollouts(parts: Sequence[Rollouts], pad_id: int) -> Rollouts:
 
 def _merged_extra(tensors: list[Tensor], widths: list[int], response_width: int) -> Tensor:
     """The parts' values of one ``Rollouts.extras`` key as one: a per-token one ([B, T], e.g.
-    ``token_versions``) right-padded with zeros to the widest response first (padding is never read)."""
+    ``token_versions``) right-padded with zeros to the widest response first (padding is never
+    read); a per-token set ([B, T, K], ``sampling_mask``) with −1 to the widest response and set."""
     if all(t.dim() == 2 and t.shape[1] == w for t, w in zip(tensors, widths, strict=True)):
         tensors = [torch.nn.functional.pad(t, (0, response_width - t.shape[1])) for t in tensors]
+    elif all(t.dim() == 3 and t.shape[1] == w for t, w in zip(tensors, widths, strict=True)):
+        kept = max(t.shape[2] for t in tensors)
+        tensors = [torch.nn.functional.pad(t, (0, kept - t.shape[2], 0, response_width - t.shape[1]), value=-1)
+                   for t in tensors]  # fmt: skip
     return torch.cat(tensors)

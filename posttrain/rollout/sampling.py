@@ -6,7 +6,7 @@ logits of excluded tokens to −inf; the most likely token always survives every
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor
@@ -124,6 +124,33 @@ def sample_categorical(logits: Tensor, generator: torch.Generator | None = None)
     return sample_from_weights(torch.softmax(logits, dim=-1), generator)
 
 
+class Choice(NamedTuple):
+    """One decoding step's draw: ``tokens [B]`` long, their behaviour ``logprobs [B]`` float32 and,
+    when asked for, each row's ``mask [B, K]`` of kept token ids (−1 padded)."""
+
+    tokens: Tensor
+    logprobs: Tensor
+    mask: Tensor | None = None
+
+
+def truncate(scaled: Tensor, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> Tensor:
+    """``scaled [B, V]`` (logits / temperature) with every token outside the sampler's kept set at
+    −inf: min-p, then top-k, then top-p over what is left (vLLM's order: its min-p is a logits
+    processor applied before its top-k/top-p sampler, so top-p's mass is that of the survivors)."""
+    return top_p_filter(top_k_filter(min_p_filter(scaled, min_p), top_k), top_p)
+
+
+def kept_ids(filtered: Tensor) -> Tensor:
+    """``[B, K]`` long: the ids of each row's finite logits of ``filtered [B, V]``, ascending,
+    −1 after them; K is the largest kept set of the batch — a sampling mask (DeepSeek-V3.2's
+    "keep sampling mask", §3.1), the form the trainer reads it in."""
+    kept = torch.isfinite(filtered)
+    width = max(int(kept.sum(-1).max()), 1) if kept.numel() else 1
+    # a stable descending sort of the flags puts each row's kept ids first, in order
+    order = torch.sort(kept.to(torch.int8), dim=-1, descending=True, stable=True).indices[:, :width]
+    return order.masked_fill(~kept.gather(-1, order), -1)
+
+
 def choose_tokens(
     logits: Tensor,
     *,
@@ -135,36 +162,51 @@ def choose_tokens(
     banned_token: int | None = None,
     generator: torch.Generator | None = None,
     workspace: SamplingWorkspace | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Pick one token per row of ``logits [B, V]``; return ``(tokens [B] long, logprobs [B] float32)``.
+    with_mask: bool = False,
+) -> Choice:
+    """Pick one token per row of ``logits [B, V]``; return the tokens and their behaviour log-probs.
 
-    The log-prob is that of the chosen token under log_softmax(logits / temperature), before
-    truncation and before the ban — what a trainer recomputes from the same weights
-    (temperature 1 when greedy). ``banned_token`` (the pad id) is never chosen. With a
-    ``workspace`` the ``[B, V]`` intermediates live in its buffers (``logits`` is not written).
+    The behaviour log-prob is that of the distribution that sampled: log_softmax(logits /
+    temperature) over the tokens top-k/top-p/min-p keep, renormalised over them — vLLM's
+    ``processed_logprobs``; with no filter the full tempered distribution, and temperature 1 when
+    greedy. ``banned_token`` (the pad id) is never chosen; it is a guard (a sampled pad would read
+    as padding), not a sampling rule, so it takes no part in the log-prob or the kept set. With
+    ``with_mask`` (and a filter on) :attr:`Choice.mask` holds each row's kept ids
+    (:func:`kept_ids`). With a ``workspace`` the ``[B, V]`` intermediates live in its buffers
+    (``logits`` is not written).
     """
     workspace = workspace or SamplingWorkspace()
     scaled = logits.float()
     if not greedy and temperature != 1.0:
         scaled = torch.div(scaled, temperature, out=workspace.take("scaled", scaled))
+    filtered = not greedy and (top_k > 0 or top_p < 1.0 or min_p > 0.0)
+    if filtered:
+        scaled = truncate(scaled, top_k, top_p, min_p)
     logprobs = torch.log_softmax(scaled, dim=-1, out=workspace.take("logprobs", scaled))
-    filtered = top_k > 0 or top_p < 1.0 or min_p > 0.0
     if greedy or filtered:
         candidates = scaled
         if banned_token is not None:
             candidates = workspace.take("candidates", scaled).copy_(scaled)
             candidates[:, banned_token] = NEG_INF
-        if greedy:
-            tokens = candidates.argmax(dim=-1)
-        else:
-            candidates = min_p_filter(top_p_filter(top_k_filter(candidates, top_k), top_p), min_p)
-            tokens = sample_categorical(candidates, generator)
+        tokens = candidates.argmax(dim=-1) if greedy else sample_categorical(candidates, generator)
     else:  # no filter: the weights are the probabilities, the banned token's set to 0
         probs = torch.exp(logprobs, out=workspace.take("probs", scaled))
         if banned_token is not None:
             probs[:, banned_token] = 0.0
         tokens = sample_from_weights(probs, generator)
-    return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    mask = kept_ids(scaled) if with_mask and filtered else None
+    return Choice(tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), mask)
+
+
+def behaviour_logprobs(logits: Tensor, tokens: Tensor, sampling: SamplingParams) -> Tensor:
+    """The behaviour log-prob :func:`choose_tokens` reports, of given ``tokens [...]`` under
+    ``logits [..., V]`` and the rules of ``sampling`` (−inf for a token the filters drop): what
+    any engine's report is checked against."""
+    flat = logits.reshape(-1, logits.shape[-1]).float()
+    if not sampling.greedy:
+        flat = truncate(flat / sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
+    picked = torch.log_softmax(flat, dim=-1).gather(-1, tokens.reshape(-1, 1).long())
+    return picked.view(tokens.shape)
 
 
 def choose_by(
@@ -173,8 +215,9 @@ def choose_by(
     banned_token: int | None,
     generator: torch.Generator | None,
     workspace: SamplingWorkspace | None = None,
-) -> tuple[Tensor, Tensor]:
-    """:func:`choose_tokens` with the rules of ``sampling`` (temperature, filters, greedy)."""
+) -> Choice:
+    """:func:`choose_tokens` with the rules of ``sampling`` (temperature, filters, greedy; the
+    kept sets when ``sampling.sampling_mask``)."""
     return choose_tokens(
         logits,
         temperature=sampling.temperature,
@@ -185,4 +228,5 @@ def choose_by(
         banned_token=banned_token,
         generator=generator,
         workspace=workspace,
+        with_mask=sampling.sampling_mask,
     )

@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 
 from posttrain.rollout.native import NativeDecoder
-from posttrain.rollout.sampling import choose_by
+from posttrain.rollout.sampling import Choice, choose_by
 from posttrain.rollout.stops import StopStrings
 from posttrain.rollout.types import SamplingParams
 
@@ -186,7 +186,7 @@ class StaticDecoding:
 
     def _record(self, logits: Tensor, width: int, rules: _Rules) -> None:
         """Choose the next token of the first ``width`` rows from ``logits`` and write it out."""
-        tokens, logprobs = rules.choose(logits)
+        tokens, logprobs, _ = rules.choose(logits)
         flat = self.out_row[:width] * self.capacity + self.step
         self.out_tokens.view(-1).index_copy_(0, flat, tokens)
         self.out_logprobs.view(-1).index_copy_(0, flat, logprobs)
@@ -271,5 +271,5 @@ class _Rules:
         stops = () if stop_ids is None else tuple(stop_ids.tolist())
         self.key = (s.temperature, s.top_k, s.top_p, s.min_p, s.greedy, banned, stops, generator is not None)
 
-    def choose(self, logits: Tensor) -> tuple[Tensor, Tensor]:
+    def choose(self, logits: Tensor) -> Choice:
         return choose_by(logits, self.sampling, self.banned, self.generator)

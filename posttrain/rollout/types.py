@@ -43,6 +43,9 @@ class SamplingParams:
     """Decoded substrings that end a response; the token completing one is kept."""
     seed: int | None = None
     """Seeds this call's sampling; the same seed, prompts and weights give the same tokens."""
+    sampling_mask: bool = False
+    """Also return each sampled token's kept set under top-k/top-p/min-p
+    (``Rollouts.extras["sampling_mask"]``), so the trainer can renormalise over it."""
 
     def __post_init__(self) -> None:
         if self.n < 1 or self.max_new_tokens < 1:
@@ -59,10 +62,13 @@ class SamplingParams:
 class Rollouts:
     """A batch of sampled responses, B = number of prompts × n, prompt-major.
 
-    Log-probs convention: ``logprobs[i, t]`` is log softmax(logits / temperature) of the
-    sampled token — the temperature-scaled distribution *before* top-p/top-k/min-p
-    truncation, which is what the trainer recomputes (TRL, verl). Greedy decoding reports
-    temperature-1 log-probs.
+    Log-probs convention: ``logprobs[i, t]`` is the behaviour log-prob of the sampled token, that
+    of the distribution that actually sampled it — log softmax(logits / temperature) over the
+    tokens top-k/top-p/min-p kept, renormalised over them (vLLM's ``processed_logprobs``); with
+    no filter the whole tempered distribution, which is what the trainer recomputes. Greedy
+    decoding reports temperature-1 log-probs. With ``SamplingParams.sampling_mask`` and a
+    filter on, ``extras["sampling_mask"] [B, T, K]`` int32 holds each token's kept ids (−1
+    padded; a row of −1 means the whole vocabulary).
     """
 
     prompt_ids: Tensor  # [B, P] long, left-padded with the pad id

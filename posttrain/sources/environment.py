@@ -264,11 +264,14 @@ class EnvironmentSource:
             generate_s += time.perf_counter() - t0
             lengths = rollouts.response_lengths.tolist()
             turn_versions = rollouts.extras.get("token_versions")
+            turn_masks = rollouts.extras.get("sampling_mask")
             stepping = []
             for i, (play, budget) in enumerate(zip(active, budgets, strict=True)):
                 # the first tokens of a longer generation are what a shorter one would have sampled
                 n = min(lengths[i], budget)
                 text = play.episode.add_turn(rollouts.response_ids[i, :n].tolist())
+                if turn_masks is not None:  # the turn's tokens follow every token so far
+                    play.keep_masks(turn_masks[i, :n], len(play.logprobs))
                 play.logprobs.extend(rollouts.logprobs[i, :n].tolist())
                 if turn_versions is not None and play.versions:
                     play.track(turn_versions[i, :n].tolist(), len(play.episode.ids))
@@ -310,6 +313,13 @@ class EnvironmentSource:
         }
         if self.tracks_versions:
             batch_tensors["token_versions"] = torch.full((b, width_t), self.version, dtype=torch.long)
+        sample_kept = [kept for play in plays for kept in play.sample_kept]
+        if any(sample_kept):
+            widest = max(len(ids) for kept in sample_kept for ids in kept.values())
+            batch_tensors["sampling_mask"] = torch.full((b, width_t, widest), -1, dtype=torch.int32)
+            for i, ((episode, _), kept) in enumerate(zip(samples, sample_kept, strict=True)):
+                for position, ids in kept.items():
+                    batch_tensors["sampling_mask"][i, position - episode.prompt_length, : len(ids)] = ids
         rows_of = zip(samples, prompts, responses, sample_versions, strict=True)
         for i, ((episode, logprobs), prompt, response, versions) in enumerate(rows_of):
             start, n = episode.prompt_length, len(response)

@@ -21,7 +21,9 @@ class Play:
     ``env.on_prefix_mismatch: new_sample`` an episode may be split: ``earlier`` holds its
     finished samples (each an :class:`Episode` and its log-probs), ``episode`` the current one.
     With an interruptible engine (``rollout.interrupt``) ``versions`` holds the weights version that
-    sampled each token (aligned like the log-probs; ``earlier_versions`` for the earlier samples)."""
+    sampled each token (aligned like the log-probs; ``earlier_versions`` for the earlier samples).
+    With ``rollout.keep_sampling_mask`` ``kept`` maps the position of each sampled token in
+    ``episode.ids`` to its kept set (``earlier_kept`` for the earlier samples)."""
 
     env: GuardedEnvironment
     episode: Episode
@@ -31,6 +33,8 @@ class Play:
     earlier: list[tuple[Episode, list[float]]] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     earlier_versions: list[list[int]] = field(default_factory=list)
+    kept: dict[int, torch.Tensor] = field(default_factory=dict)
+    earlier_kept: list[dict[int, torch.Tensor]] = field(default_factory=list)
 
     @property
     def active(self) -> bool:
@@ -63,6 +67,8 @@ class Play:
         as a new sample whose prompt is the template's rendering of the conversation so far."""
         self.earlier.append((self.episode, self.logprobs))
         self.earlier_versions.append(self.versions)
+        self.earlier_kept.append(self.kept)
+        self.kept = {}
         self.episode = self.episode.next_sample()
         self.logprobs = [0.0] * len(self.episode.ids)
         self.versions = [self.versions[-1]] * len(self.episode.ids) if self.versions else []
@@ -71,6 +77,17 @@ class Play:
     def sample_versions(self) -> list[list[int]]:
         """Per sample (as :attr:`samples`), the version of each token; empty lists when not tracked."""
         return [*self.earlier_versions, self.versions]
+
+    @property
+    def sample_kept(self) -> list[dict[int, torch.Tensor]]:
+        """Per sample (as :attr:`samples`), the kept set of each sampled token by its position."""
+        return [*self.earlier_kept, self.kept]
+
+    def keep_masks(self, masks: torch.Tensor, start: int) -> None:
+        """Record a turn's kept sets (``masks [n, K]``, rows of −1 padded ids) for its tokens at
+        ``start``, ``start + 1``, … of ``episode.ids``."""
+        for offset, ids in enumerate(masks):
+            self.kept[start + offset] = ids[ids >= 0]
 
     def track(self, versions: list[int], length: int) -> None:
         """Append a turn's token ``versions``, then repeat the last for what follows up to ``length``

@@ -16,7 +16,8 @@ class SamplingPlan:
     """How a step's samples are drawn: ``prompts_per_step`` rows, ``samples_per_prompt``
     completions (or episodes) of each, sampled at ``temperature``/``top_p``/``top_k`` up to
     ``max_new_tokens`` per turn, ended by ``stop``; ``seed`` makes every draw repeatable.
-    ``eval_k`` and ``eval_batch_size`` shape held-out evaluation (``RLRun``'s fields)."""
+    ``eval_k`` and ``eval_batch_size`` shape held-out evaluation (``RLRun``'s fields);
+    ``sampling_mask``: training draws return each token's kept set (``rollout.keep_sampling_mask``)."""
 
     prompts_per_step: int
     samples_per_prompt: int
@@ -28,6 +29,7 @@ class SamplingPlan:
     seed: int = 0
     eval_k: int = 0
     eval_batch_size: int = 256
+    sampling_mask: bool = False
 
     def params(
         self, *, seed: int, n: int = 1, max_new_tokens: int | None = None, greedy: bool = False
@@ -42,6 +44,7 @@ class SamplingPlan:
             greedy=greedy,
             stop_strings=self.stop,
             seed=seed,
+            sampling_mask=self.sampling_mask and not greedy,
         )
 
 

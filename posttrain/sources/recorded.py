@@ -8,7 +8,7 @@ function called. Each step is two files, written whole or not at all (a killed r
 half file; its resume writes the steps again):
 
 * ``step-000001.safetensors`` — the batch's tensors (token ids, masks, engine log-probs,
-  group ids, scores, reward components, the greedy baseline where there is one);
+  group ids, scores, reward components, the greedy baseline and the sampling masks where there are);
 * ``step-000001.json`` — the schema version, the step, the prompts, completions and dataset
   columns, the source's metrics of that step, and what gives the batch its shape and meaning
   (``run``: prompts_per_step, samples_per_prompt, the model that sampled it).
@@ -35,7 +35,9 @@ from posttrain.rollout.batch import RolloutBatch, concat
 from posttrain.sources import RolloutSource
 from posttrain.sources.wrapper import SourceWrapper
 
-SCHEMA_VERSION = 2  # 2: the run's shape and model ("run"), checked on replay
+# 2: the run's shape and model ("run"), checked on replay; 3: engine_logprobs are the behaviour
+# distribution's (renormalised over top-k/top-p/min-p's kept tokens), sampling_mask may be present
+SCHEMA_VERSION = 3
 TEXT_FIELDS = ("prompts", "completions", "columns")
 REQUIRED_TENSORS = tuple(
     item.name for item in dataclasses.fields(RolloutBatch) if item.default is dataclasses.MISSING

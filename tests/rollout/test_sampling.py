@@ -9,13 +9,16 @@ import torch
 from posttrain.rollout.sampling import (
     CDF_BLOCK,
     SamplingWorkspace,
+    behaviour_logprobs,
     choose_tokens,
+    kept_ids,
     min_p_filter,
     sample_categorical,
     sample_from_weights,
     top_k_filter,
     top_p_filter,
 )
+from posttrain.rollout.types import SamplingParams
 
 NEG = float("-inf")
 PROBS = [0.15, 0.5, 0.05, 0.3]
@@ -57,33 +60,56 @@ def test_categorical_draws_follow_the_softmax_and_skip_impossible_tokens(monkeyp
 
 
 def test_greedy_bans_pad_and_reports_temperature_one_logprob():
-    tokens, logprobs = choose_tokens(logits_of([0.6, 0.3, 0.1]), temperature=0.5, greedy=True, banned_token=0)
+    tokens, logprobs, _ = choose_tokens(logits_of([0.6, 0.3, 0.1]), temperature=0.5, greedy=True, banned_token=0)
     assert tokens.tolist() == [1]
     assert math.isclose(logprobs.item(), math.log(0.3), rel_tol=1e-6)
 
 
 def test_sampling_never_picks_the_banned_token():
     logits = logits_of([0.98, 0.01, 0.01]).expand(2000, 3)
-    tokens, logprobs = choose_tokens(
+    tokens, logprobs, _ = choose_tokens(
         logits, temperature=1.0, banned_token=0, generator=torch.Generator().manual_seed(0)
     )
     assert not tokens.eq(0).any() and tokens.eq(1).any() and tokens.eq(2).any()
-    # the reported log-prob is still under the full distribution, ban and all
+    # the ban is a guard, not a sampling rule: the log-prob is under the full distribution
     torch.testing.assert_close(logprobs, torch.full((2000,), math.log(0.01)))
 
 
-def test_logprob_is_under_the_tempered_untruncated_distribution():
-    logits = logits_of([0.6, 0.3, 0.1])
-    tokens, logprobs = choose_tokens(
-        logits, temperature=2.0, top_k=1, top_p=0.5, min_p=0.5, generator=torch.Generator().manual_seed(0)
+def test_logprob_is_that_of_the_truncated_renormalised_distribution():
+    logits = logits_of(PROBS)  # .15 .5 .05 .3
+    tokens, logprobs, mask = choose_tokens(
+        logits.expand(4000, 4), temperature=1.0, top_p=0.7, generator=torch.Generator().manual_seed(0), with_mask=True
     )
-    assert tokens.tolist() == [0]  # the filters leave only the most likely token
-    assert math.isclose(logprobs.item(), torch.log_softmax(logits / 2.0, dim=-1)[0, 0].item(), rel_tol=1e-6)
+    # top-p .7 keeps .5 and .3 (which reach .8); renormalised: .625 and .375
+    assert set(tokens.tolist()) == {1, 3}
+    expected = torch.where(tokens == 1, math.log(0.5 / 0.8), math.log(0.3 / 0.8))
+    torch.testing.assert_close(logprobs, expected.float())
+    assert mask.tolist() == [[1, 3]] * 4000  # each row's kept ids, ascending
+    # the draws follow the renormalised distribution
+    assert abs(float(tokens.eq(1).float().mean()) - 0.625) < 0.03
+    # tempered first, then truncated: temperature 2 flattens to ∝ √p, top-k 1 keeps the top alone
+    tokens, logprobs, mask = choose_tokens(logits, temperature=2.0, top_k=1, generator=torch.Generator())
+    assert tokens.tolist() == [1] and logprobs.tolist() == [0.0] and mask is None  # not asked for
+
+
+def test_kept_ids_pad_rows_of_different_sizes():
+    filtered = torch.tensor([[0.0, NEG, 1.0, 2.0], [NEG, NEG, 3.0, NEG]])
+    assert kept_ids(filtered).tolist() == [[0, 2, 3], [2, -1, -1]]
+
+
+def test_behaviour_logprobs_repeat_what_the_sampler_reported():
+    logits = torch.randn(64, 50, generator=torch.Generator().manual_seed(0)) * 3
+    rules = {"temperature": 0.8, "top_k": 20, "top_p": 0.9, "min_p": 0.05}
+    tokens, logprobs, _ = choose_tokens(logits, generator=torch.Generator().manual_seed(1), banned_token=7, **rules)
+    again = behaviour_logprobs(logits, tokens, SamplingParams(**rules))
+    torch.testing.assert_close(again, logprobs, rtol=0, atol=1e-6)
+    full = torch.log_softmax(logits / 0.8, -1).gather(-1, tokens[:, None]).squeeze(-1)
+    assert (logprobs - full).min() > 0  # renormalised over fewer tokens: every one is larger
 
 
 def test_temperature_sharpens_the_draws():
     logits = logits_of([0.6, 0.3, 0.1]).expand(20000, 3)
-    tokens, _ = choose_tokens(logits, temperature=0.5, generator=torch.Generator().manual_seed(1))
+    tokens = choose_tokens(logits, temperature=0.5, generator=torch.Generator().manual_seed(1)).tokens
     # softmax(log p / 0.5) ∝ p²: .36, .09, .01 → .783, .196, .022
     frequencies = torch.bincount(tokens, minlength=3).float() / 20000
     torch.testing.assert_close(frequencies, torch.tensor([0.7826, 0.1957, 0.0217]), atol=0.015, rtol=0)
@@ -133,7 +159,7 @@ def test_a_workspace_reuses_its_buffers_and_gives_the_same_choice():
         logits[:4], temperature=0.7, banned_token=5, generator=torch.Generator().manual_seed(1), workspace=workspace
     )
     assert {name: buffer.data_ptr() for name, buffer in workspace._buffers.items()} == buffers
-    for a, b in zip(plain, first, strict=True):
+    for a, b in zip(plain[:2], first[:2], strict=True):
         assert torch.equal(a, b)
     assert torch.equal(again[0], first[0][:4])
     assert torch.equal(logits, torch.randn(6, 3000, generator=torch.Generator().manual_seed(0)))  # not written

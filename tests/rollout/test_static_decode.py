@@ -59,7 +59,7 @@ def test_sampled_rows_stop_and_the_tail_runs_in_a_smaller_bucket(tokenizer):
     assert "stop" in out.finish_reasons
     assert widths[0] == 64 and min(widths) < 64  # 40 rows in 64, then fewer
     # a compacted row's log-probs are still its own: the trainer's full forward agrees
-    torch.testing.assert_close(out.logprobs, full_forward_logprobs(model, out, temperature=1.3), atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.logprobs, full_forward_logprobs(model, out, 1.3), atol=1e-5, rtol=0)
     again = static.generate(encode(tokenizer, PROMPTS), sampling)
     assert torch.equal(again.response_ids, out.response_ids)  # same seed, same tokens
     other = static.generate(encode(tokenizer, PROMPTS), SamplingParams(**{**sampling.__dict__, "seed": 4}))

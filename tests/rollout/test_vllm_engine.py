@@ -91,6 +91,21 @@ def test_logprobs_match_the_trainers_full_forward(engine, policy, tokenizer, tem
     assert (out.logprobs - expected).abs().max() < TOLERANCE
 
 
+@pytest.mark.parametrize(
+    "rules",
+    [{"top_p": 0.9}, {"temperature": 0.8, "top_p": 0.9, "top_k": 12, "min_p": 0.02}],
+    ids=["top-p", "all-filters"],
+)
+def test_truncated_sampling_logs_the_native_behaviour_logprob(engine, policy, tokenizer, rules):
+    """vLLM's processed log-probs and the native engine's rule (``behaviour_logprobs``, what its
+    sampler reports) give the same number for the same tokens: the truncated, renormalised one."""
+    sampling = SamplingParams(n=4, max_new_tokens=16, seed=3, **rules)
+    out = engine.generate(encode(tokenizer), sampling)
+    assert (out.logprobs - full_forward_logprobs(policy, out, sampling)).abs().max() < TOLERANCE
+    untruncated = full_forward_logprobs(policy, out, sampling.temperature)
+    assert (out.logprobs - untruncated).abs().max() > 100 * TOLERANCE  # the filters dropped mass: it can tell
+
+
 def test_greedy_equals_the_native_engine(engine, policy, tokenizer):
     native = greedy(build_engine(policy, tokenizer, "native"), tokenizer)
     out = greedy(engine, tokenizer)
