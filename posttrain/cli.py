@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from posttrain.run_commands import add_run_dir_commands
+
 TRAINING_COMMANDS = {
     "sft": ("supervised fine-tuning (cold start) on prompt/completion or conversational data", "SFTRun", "run_sft"),
     "rm": ("train a Bradley-Terry reward model on preference pairs", "RewardModelRun", "run_reward_model"),
@@ -108,35 +110,10 @@ def _show_config(args: argparse.Namespace, config_cls: type, describe: Callable)
     return 0
 
 
-def _diff(args: argparse.Namespace) -> int:
-    from posttrain.train.config_view import comparable, differences, shown
-
-    (first_name, first), (second_name, second) = comparable(args.a, args.read_as), comparable(args.b, args.read_as)
-    rows = differences(first, second)
-    print(f"[diff] {first_name} -> {second_name}: {len(rows)} value(s) differ")
-    width = max((len(key) for key, _, _ in rows), default=0)
-    for key, a, b in rows:
-        print(f"  {key:<{width}}  {a if isinstance(a, str) and a == '(absent)' else shown(a)} -> "
-              f"{b if isinstance(b, str) and b == '(absent)' else shown(b)}")  # fmt: skip
-    return 0
-
-
 def _eval(args: argparse.Namespace) -> int:
     from posttrain.eval_command import run_eval
 
     return run_eval(args)
-
-
-def _report(args: argparse.Namespace) -> int:
-    from posttrain.telemetry.report import rebuild_report
-
-    folder = Path(args.run_dir)
-    if not (folder / "metrics.jsonl").is_file() and not (folder / "report.json").is_file():
-        from posttrain.errors import PosttrainError
-
-        raise PosttrainError(f"{folder} is not a run directory (no metrics.jsonl): name the output_dir of a run")
-    print(f"[report] {rebuild_report(folder)}")
-    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -245,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. steps=200 model.path=runs/sft/final")
         sub.set_defaults(handler=_train)
     _add_eval(commands, debug)
+    add_run_dir_commands(commands, debug, list(TRAINING_COMMANDS))
     _add_models(commands, debug)
     _add_demo(commands, debug)
     return parser
@@ -282,24 +260,6 @@ def _add_eval(commands: Any, debug: argparse.ArgumentParser) -> None:
     evaluate.add_argument("--show-failed", type=at_least(0), default=5, help="failed examples printed")
     evaluate.add_argument("--json", action="store_true", help="print one JSON line instead of the table")
     evaluate.set_defaults(handler=_eval)
-    report = commands.add_parser(
-        "report", parents=[debug], help="rebuild report.html of a run directory from its files (finished or not)"
-    )
-    report.add_argument("run_dir", help="a run's output_dir, e.g. runs/reverse_grpo")
-    report.set_defaults(handler=_report)
-    diff = commands.add_parser(
-        "diff",
-        parents=[debug],
-        help="the config values two runs, config files or presets differ in",
-        description="Compare two resolved configs key by key: a run folder (its config.yaml), a config file "
-        "(resolved as --command's, defaults filled in) or an rl algorithm preset (e.g. grpo, dapo).",
-    )
-    diff.add_argument("a", help="a run folder, a config file or a preset")
-    diff.add_argument("b", help="the same kinds")
-    diff.add_argument(
-        "--command", dest="read_as", choices=list(TRAINING_COMMANDS), default="rl", help="how to read config files"
-    )
-    diff.set_defaults(handler=_diff)
 
 
 def _add_models(commands: Any, debug: argparse.ArgumentParser) -> None:

@@ -129,7 +129,7 @@ FLOORS = [
     {"evaluate"},
     {"sources"},
     {"train"},
-    {"demo", "launch", "cli", "eval_command", "__main__", "presets", "posttrain"},
+    {"demo", "launch", "cli", "run_commands", "eval_command", "__main__", "presets", "posttrain"},
 ]
 
 

@@ -15,7 +15,13 @@ half file; its resume writes the steps again):
 
 A folder recorded under another schema version is refused with both versions named; so is a
 replay whose prompts_per_step, samples_per_prompt or model differ from the recording's (another
-loss or estimator is allowed: an A/B on the same batches)."""
+loss or estimator is allowed: an A/B on the same batches), and one that holds every N-th step
+only (``record_rollouts: auto`` on a long run records for viewing, not for replay).
+
+For ``posttrain view`` the loop also writes what batch preparation added to a recorded step
+(``step-000001.prepared.safetensors``: advantages, the loss mask, the trainer's π_old log-probs
+where computed, with the group ids and tokens that tie each row to its recorded sample); replay
+never reads it."""
 
 from __future__ import annotations
 
@@ -39,6 +45,7 @@ from posttrain.sources.wrapper import SourceWrapper
 # distribution's (renormalised over top-k/top-p/min-p's kept tokens), sampling_mask may be present
 SCHEMA_VERSION = 3
 TEXT_FIELDS = ("prompts", "completions", "columns")
+PREPARED_TENSORS = ("group_ids", "response_ids", "response_mask", "advantages", "loss_mask", "old_logprobs")
 REQUIRED_TENSORS = tuple(
     item.name for item in dataclasses.fields(RolloutBatch) if item.default is dataclasses.MISSING
     and item.default_factory is dataclasses.MISSING and item.name not in TEXT_FIELDS
@@ -122,6 +129,28 @@ def read_batch(folder: Path, step: int) -> tuple[RolloutBatch, dict[str, float]]
     return batch, dict(text.get("metrics") or {})
 
 
+def write_prepared(folder: Path, step: int, batch: RolloutBatch) -> None:
+    """What preparation added to ``step``'s batch (:data:`PREPARED_TENSORS` it holds), beside its recording."""
+    tensors = {
+        name: value.detach().cpu().contiguous()
+        for name in PREPARED_TENSORS
+        if isinstance(value := getattr(batch, name), Tensor)
+    }
+    path = _stem(folder, step).with_suffix(".prepared.safetensors")
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp))
+    os.replace(tmp, path)
+
+
+def read_prepared(folder: Path, step: int) -> dict[str, Tensor] | None:
+    """The tensors :func:`write_prepared` wrote for ``step``, or None (not written, or unreadable)."""
+    path = _stem(folder, step).with_suffix(".prepared.safetensors")
+    try:
+        return load_file(str(path)) if path.is_file() else None
+    except Exception:  # a damaged annotation only costs the view its advantages
+        return None
+
+
 def _check_fields(text: dict[str, Any], tensors: dict[str, Tensor], text_path: Path, tensor_path: Path) -> None:
     """Every field a batch needs, of one batch size B (and one response length T)."""
     names = {item.name for item in dataclasses.fields(RolloutBatch)}
@@ -165,7 +194,7 @@ def recorded_steps(folder: Path) -> list[int]:
     """The steps with a complete recording in ``folder``, ascending."""
     steps = []
     for path in folder.glob("step-*.json"):
-        if path.with_suffix(".safetensors").is_file() and path.stem[5:].isdigit():
+        if path.stem[5:].isdigit() and path.with_suffix(".safetensors").is_file():
             steps.append(int(path.stem[5:]))
     return sorted(steps)
 
@@ -181,6 +210,11 @@ def check_replay_folder(folder: str | Path, steps: int, run: dict[str, Any] | No
         )
     recorded = recorded_steps(path)
     missing = sorted(set(range(1, steps + 1)) - set(recorded))
+    if missing and len(recorded) > 1 and recorded[1] - recorded[0] > 1:
+        raise RecordingError(
+            f"rollout.replay = {str(folder)!r} holds one step in {recorded[1] - recorded[0]} only (record_rollouts: "
+            "auto records a long run for viewing); a replay needs every step: record with record_rollouts: true"
+        )
     if missing:
         held = f"steps {recorded[0]}–{recorded[-1]}" if recorded else "no recorded step"
         raise RecordingError(
@@ -197,19 +231,29 @@ class RecordingSource(SourceWrapper):
     """Wraps a source and writes every batch it hands out to ``folder`` (``record_rollouts``).
 
     Under torchrun the ranks' shares are recorded as the step's one batch, by rank 0: a
-    recording replays alike in one process or several."""
+    recording replays alike in one process or several. ``every``: only steps 1, 1 + every, …
+    are written (a long run's recording for viewing)."""
 
-    def __init__(self, inner: RolloutSource, folder: Path, run: dict[str, Any] | None = None) -> None:
+    def __init__(self, inner: RolloutSource, folder: Path, run: dict[str, Any] | None = None, every: int = 1) -> None:
         super().__init__(inner)  # the rest of the protocol is the inner source's
-        self.folder, self.ranks, self.run = Path(folder), world(), run
+        self.folder, self.ranks, self.run, self.every = Path(folder), world(), run, every
+
+    def records(self, step: int) -> bool:
+        return (step - 1) % self.every == 0
 
     def next_batch(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
         batch, metrics = self.inner.next_batch(step)
-        whole = concat(self.ranks.gather(batch), pad_id=0)  # a pad under mask 0 is never read
-        step_metrics = self.ranks.reduce_metrics(metrics)
-        if self.ranks.is_main:
-            write_batch(self.folder, step, whole, step_metrics, self.run)
+        if self.records(step):
+            whole = concat(self.ranks.gather(batch), pad_id=0)  # a pad under mask 0 is never read
+            step_metrics = self.ranks.reduce_metrics(metrics)
+            if self.ranks.is_main:
+                write_batch(self.folder, step, whole, step_metrics, self.run)
         return batch, metrics
+
+    def annotate(self, step: int, prepared: RolloutBatch) -> None:
+        """Write what preparation added to a recorded step (``prepared``: the step's whole batch)."""
+        if self.records(step) and self.ranks.is_main:
+            write_prepared(self.folder, step, prepared)
 
 
 class ReplaySource:

@@ -77,6 +77,8 @@ def write_report(
     (run_dir / REPORT_INPUTS).write_text(json.dumps(inputs, indent=1, default=str) + "\n", encoding="utf-8")
     records = read_jsonl(run_dir / "metrics.jsonl")  # a missing file reads as no records
     series = metric_series(records)
+    if (run_dir / "rollouts.html").is_file():  # posttrain view's page over the recorded rollouts
+        links = {**(links or {}), "every recorded rollout, token by token": "rollouts.html"}
     sections = [
         _links(links),
         _stopped(stopped),

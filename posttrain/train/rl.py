@@ -287,6 +287,8 @@ class OnlineRL:
         t1 = time.perf_counter()
         with stage("log-probs", step):
             batch = self.prepare(batch, metrics)
+        if hasattr(self.source, "annotate"):  # a recording: what preparation added, for posttrain view
+            self.source.annotate(step, batch)
         metrics = self.ranks.reduce_metrics(metrics)  # the ranks' shares of the rollout as one step's
         t2 = time.perf_counter()
         with stage("update", step):

@@ -346,9 +346,11 @@ class RLRun(RunOptions, OptimizerOptions):
     prompts' samples in the sampled one (lower it to bound the KV cache of a large model)."""
     log_samples: int = Field(4, ge=0)
     """Completions written to samples.jsonl per step."""
-    record_rollouts: bool = False
-    """Write every step's scored batch under output_dir/rollouts/ (tensors in safetensors, text in
-    JSON, with a schema version), to replay it later with rollout.replay."""
+    record_rollouts: bool | Literal["auto"] = "auto"
+    """Write the steps' scored batches under output_dir/rollouts/ (tensors in safetensors, text in
+    JSON, with a schema version) for ``posttrain view`` and rollout.replay. true: every step (a
+    replayable recording); auto: every step of a run of at most 200 steps, every ⌈steps/200⌉-th
+    step of a longer one (at most 200 steps recorded, for viewing; not replayable); false: none."""
     threads: int | None = Field(None, ge=1)
     """torch intra-op threads (default: every core this process may use)."""
 

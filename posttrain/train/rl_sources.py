@@ -44,6 +44,8 @@ from posttrain.sources.reward_metrics import ScoreMetrics
 from posttrain.sources.single_turn import SingleTurnSource
 from posttrain.train.rl_config import RLRun
 
+RECORDED_STEPS_AUTO = 200  # record_rollouts: auto records at most this many steps
+
 
 def sampling_plan(config: RLRun) -> SamplingPlan:
     """What the sources read of ``config`` (sources/plan.py)."""
@@ -109,7 +111,8 @@ def build_source(
     else:
         source = sampling_with(engine)
     if config.record_rollouts:
-        source = RecordingSource(source, output_dir / "rollouts", run_shape(config))
+        every = 1 if config.record_rollouts is True else -(-config.steps // RECORDED_STEPS_AUTO)
+        source = RecordingSource(source, output_dir / "rollouts", run_shape(config), every)
     return source, evaluation, data_filter
 
 

@@ -22,6 +22,8 @@ from posttrain.telemetry.report import conversation_text
 from posttrain.train.checkpoint import quiet_progress_bars, save_final
 from posttrain.train.run_dir import prepare_run_dir
 
+log = logging.getLogger(__name__)
+
 
 class Silent:
     """The logger and progress line of a rank that does not write (a null object)."""
@@ -89,6 +91,7 @@ def finish_run(out: Path, model: nn.Module, tokenizer: Any, title: str) -> None:
     def write() -> None:
         with quiet_progress_bars():
             save_final(model, out / "final", tokenizer, weights=weights)
+        write_rollout_view(out)
         write_report(out, title=title)
 
     on_main(write)
@@ -98,7 +101,21 @@ def report_failure(out: Path, title: str, error: BaseException) -> None:
     """The failure report (what was logged up to the failure, and why), by rank 0; no collective:
     the other ranks may be gone."""
     if world().is_main:
+        write_rollout_view(out)
         write_failure_report(out, title=title, error=error)
+
+
+def write_rollout_view(out: Path) -> None:
+    """``rollouts.html`` over the run's recorded rollouts, when it recorded any (the report links
+    it). A page that cannot be drawn is logged, never raised: the run's own outcome comes first."""
+    if not (out / "rollouts").is_dir():
+        return
+    from posttrain.train.rollout_view import write_view
+
+    try:
+        write_view(out)
+    except Exception as error:
+        log.warning("could not write %s/rollouts.html (posttrain view %s draws it again): %s", out, out, error)
 
 
 def logged_samples(batch: RolloutBatch, count: int) -> list[dict[str, Any]]:
