@@ -82,6 +82,7 @@ def write_report(
     sections = [
         _links(links),
         _stopped(stopped),
+        _alarm(run_dir),
         _warnings(read_jsonl(run_dir / "warnings.jsonl")),
         _summary(summary, records, series, run_dir),
         *[f"<p><img src='{html.escape(name)}' alt='{html.escape(name)}'></p>" for name in figures],
@@ -144,6 +145,32 @@ def _stopped(reason: str | None) -> str:
     if not reason:
         return ""
     return f"<div class='stopped'><h2>The run stopped</h2><pre>{html.escape(reason)}</pre></div>"
+
+
+def _alarm(run_dir: Path) -> str:
+    """The reward-hacking alarm's evidence (``alarm.json``, train/hacking_alarm.py), when it fired."""
+    path = run_dir / "alarm.json"
+    try:
+        record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, json.JSONDecodeError):
+        return ""
+    if not isinstance(record, dict) or not isinstance(record.get("monitor"), dict):
+        return ""
+    monitor, steps, optimised = record["monitor"], record.get("steps", {}), record.get("optimised", {})
+    name = monitor.get("name", "monitor")
+    before, after = steps.get("before", ["?", "?"]), steps.get("after", ["?", "?"])
+    text = (
+        f"At step {record.get('step')} the optimised reward had risen from {optimised.get('before', 0):.4g} "
+        f"(steps {before[0]}–{before[1]}) to {optimised.get('after', 0):.4g} (steps {after[0]}–{after[1]}) while "
+        f"the monitor '{name}' (weight 0, not optimised) fell from {monitor.get('before', 0):.4g} to "
+        f"{monitor.get('after', 0):.4g}. The samples the reward paid most for against the monitor:"
+    )
+    rows = [{"score": s.get("score"), name: s.get("monitor"), "completion": s.get("completion")}
+            for s in record.get("samples", [])]  # fmt: skip
+    return (
+        "<div class='stopped'><h2>Reward-hacking alarm</h2>"
+        f"<p>{html.escape(text)}</p>{_table(rows) if rows else ''}</div>"
+    )
 
 
 def _warnings(records: list[dict[str, Any]]) -> str:

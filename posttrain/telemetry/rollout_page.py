@@ -24,6 +24,8 @@ body{font-family:sans-serif;margin:1.5em;max-width:1300px}
 .env::before{content:'environment';display:block;font:11px sans-serif;color:#4a78c2}
 .calls{margin:3px 0 0 0;padding-left:18px;color:#185a18}.calls .bad{color:#b33}
 .legend{font-size:12px;color:#555}
+#alarm{border-left:4px solid #b33;padding:4px 10px;margin:8px 0;background:#fdf0f0}
+.card.alarmed{border-left:4px solid #d98c00}
 """
 
 SCRIPT = r"""
@@ -63,7 +65,8 @@ function shown() {
 }
 function card(s, q, range) {
   const div = document.createElement('div');
-  div.className = 'card' + (s.error ? ' error' : '');
+  const alarmed = DATA.alarm && s.step >= DATA.alarm.steps.after[0] && s.step <= DATA.alarm.steps.after[1];
+  div.className = 'card' + (s.error ? ' error' : '') + (alarmed ? ' alarmed' : '');
   div.dataset.step = s.step; div.dataset.reward = s.reward;
   const parts = s.components.map((c, i) => `${DATA.components[i] || 'reward ' + i} ${c}`).join(', ');
   div.innerHTML = `<div class="head"><b>step ${s.step}</b><b>group ${s.group}</b>reward <b class="reward">${
@@ -107,6 +110,13 @@ function draw() {
   for (const s of rows.slice(page * size, (page + 1) * size)) list.appendChild(card(s, q, range));
   $('count').textContent = `${rows.length} of ${DATA.samples.length} samples · page ${page + 1} of ${pages}`;
   $('legend').textContent = q === 'none' ? '' : `colour: ${q} (range ${range[0].toFixed(3)} to ${range[1].toFixed(3)})`;
+}
+if (DATA.alarm) {
+  const a = DATA.alarm, m = a.monitor;
+  $('alarm').textContent = `Reward-hacking alarm at step ${a.step}: the optimised reward rose from ` +
+    `${a.optimised.before.toFixed(3)} to ${a.optimised.after.toFixed(3)} while the monitor '${m.name}' fell from ` +
+    `${m.before.toFixed(3)} to ${m.after.toFixed(3)} (steps ${a.steps.after[0]}–${a.steps.after[1]}: cards marked).`;
+  $('alarm').hidden = false;
 }
 const steps = [...new Set(DATA.samples.map(s => s.step))];
 for (const st of steps) {
@@ -152,6 +162,7 @@ def render_page(data: dict[str, Any]) -> str:
             f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
             f"<style>{STYLE}</style></head><body>",
             f"<h1>{html.escape(title)}</h1><p>{html.escape(note)}; hover a token for its numbers.</p>",
+            "<div id='alarm' hidden></div>",
             CONTROLS,
             "<div id='samples'></div>",
             f"<script type='application/json' id='data'>{payload}</script>",

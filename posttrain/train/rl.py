@@ -50,6 +50,7 @@ from posttrain.rewards.registry import resolve_rewards
 from posttrain.rollout.batch import RolloutBatch
 from posttrain.sources import RolloutSource
 from posttrain.train.checkpoint import checkpoint_root
+from posttrain.train.hacking_alarm import HackingAlarm
 from posttrain.train.out_of_memory import stage
 from posttrain.train.rl_checkpoint import resume_rl, save_rl_checkpoint
 from posttrain.train.rl_checks import StepWarnings, check_before_loading, preflight_rewards
@@ -115,6 +116,10 @@ class OnlineRL:
         self.policy, self.tokenizer = model.to(self.ranks.device(resolve_device(config.device))), tokenizer
         self.policy.train()
         self.out = Path(config.output_dir)
+        self.alarm = self.rewards and HackingAlarm.for_run(
+            self.rewards.names, self.rewards_weights, config.monitor_window, self.echo,
+            self.out if self.ranks.is_main else None,
+        )  # fmt: skip
 
         # models around the policy
         self.reference = self._build_reference() if self.algo.kl.needs_reference else None
@@ -244,6 +249,8 @@ class OnlineRL:
                 history.append({"step": step, **metrics})
                 progress.update(step, metrics)
                 self.warnings.check(step, metrics, group_estimator=self.preparer.estimator_needs.groups)
+                if self.alarm:  # the optimised reward against its weight-0 monitors
+                    self.alarm.observe(step, metrics, self.last_batch)
                 stopping = step < config.steps and stop.stop_here()
                 if (config.save_every and step % config.save_every == 0) or step == config.steps or stopping:
                     save_rl_checkpoint(self, step, config_yaml)
@@ -289,6 +296,7 @@ class OnlineRL:
             batch = self.prepare(batch, metrics)
         if hasattr(self.source, "annotate"):  # a recording: what preparation added, for posttrain view
             self.source.annotate(step, batch)
+        self.last_batch = batch  # the alarm's evidence
         metrics = self.ranks.reduce_metrics(metrics)  # the ranks' shares of the rollout as one step's
         t2 = time.perf_counter()
         with stage("update", step):

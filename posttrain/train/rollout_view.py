@@ -14,6 +14,7 @@ about :data:`TOKEN_BUDGET` tokens go on it, chosen evenly over the run when ther
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,7 @@ def view_data(run_dir: Path) -> dict[str, Any]:
         records += [_sample(batch, i, step, tokenizer, formats, prepared) for i in range(len(batch))]
     return {
         "run": run_dir.resolve().name,
+        "alarm": _alarm(run_dir),
         "components": _reward_names(config),
         "recorded_steps": len(steps),
         "steps": shown,
@@ -171,6 +173,16 @@ def _tool_calls(tokens: list[dict[str, Any]], formats: list[Any]) -> list[dict[s
                 calls.append({"turn": index, "malformed": parsed.error})
                 break
     return calls
+
+
+def _alarm(run_dir: Path) -> dict[str, Any] | None:
+    """The reward-hacking alarm's record (``alarm.json``), when it fired."""
+    path = run_dir / "alarm.json"
+    try:
+        record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, json.JSONDecodeError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("monitor"), dict) else None
 
 
 def _run_config(run_dir: Path) -> dict[str, Any]:

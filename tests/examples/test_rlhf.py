@@ -1,8 +1,9 @@
 """examples/rlhf.py, shortened: SFT → reward model → PPO with and without the KL penalty → DPO.
 
 The directions of the seeds' point about reward hacking must hold even in the short version:
-without β the learned reward rises while the true preference (the labelling rule) does not,
-with β the true preference rises and the KL stays small, and DPO raises the true preference.
+without β the learned reward rises while the true preference (the labelling rule) does not —
+and the reward-hacking alarm says so —, with β the true preference rises and the KL stays small
+(no alarm), and DPO raises the true preference.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from pathlib import Path
 import pytest
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "rlhf.py"
+# the reward-hacking alarm (checked by tests/examples/conftest.py): the β = 0 run raises it, the
+# KL-regularised one does not
+ALARMS_EXPECTED = ["ppo_beta0"]
 
 
 def load_example():
@@ -52,3 +56,5 @@ def test_rlhf_example_shows_reward_hacking_and_its_mitigation(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["policies"].keys() == policies.keys()
     assert (tmp_path / "rlhf_hacking.png").stat().st_size > 10_000
     assert (tmp_path / "report.html").is_file()
+    alarm = json.loads((tmp_path / "ppo_beta0" / "alarm.json").read_text())
+    assert alarm["monitor"]["name"] == "preference_rule" and alarm["optimised"]["after"] > alarm["optimised"]["before"]
