@@ -350,8 +350,8 @@ class RLRun(RunOptions, OptimizerOptions):
     """The reward-hacking alarm (train/hacking_alarm.py): with a monitor — a reward of weight 0 in
     reward_weights, measured but not optimised — warn once when, over the last monitor_window
     steps, the optimised reward rose while the monitor fell (each by ≥ 3 standard errors between
-    the window's halves, at 3 steps in a row), with the evidence in alarm.json, the report and
-    posttrain view. 0: off."""
+    the window's halves) and the next half-window confirms the fall, with the evidence in
+    alarm.json, the report and posttrain view. 0: off."""
     record_rollouts: bool | Literal["auto"] = "auto"
     """Write the steps' scored batches under output_dir/rollouts/ (tensors in safetensors, text in
     JSON, with a schema version) for ``posttrain view`` and rollout.replay. true: every step (a
