@@ -15,7 +15,7 @@ import torch
 
 from posttrain.config import ConfigError
 from posttrain.sources.async_producer import AsyncProducer, staleness_metrics
-from posttrain.sources.recorded import read_batch
+from posttrain.sources.recorded import read_batch, recorded_steps
 from posttrain.telemetry.metrics import read_jsonl
 from posttrain.train.rl import OnlineRL
 from posttrain.train.rl_config import load_rl_config
@@ -136,7 +136,10 @@ def test_a_failed_batch_stops_the_run_at_its_own_step_after_saving_the_earlier_o
     assert logged == [1, 2]
     saved = sorted(path.name for path in (tmp_path / "broken" / "checkpoints").iterdir())
     assert saved == ["step-1", "step-2"]
-    assert run.source.thread is not None and not run.source.thread.is_alive()  # closed, not left running
+    # the run records by default: the batches handed out, not the failed one made ahead
+    assert recorded_steps(tmp_path / "broken" / "rollouts") == [1, 2]
+    producer = run.source.inner  # under the recording
+    assert producer.thread is not None and not producer.thread.is_alive()  # closed, not left running
 
 
 def test_staleness_metrics_are_a_histogram_of_the_batchs_versions():
