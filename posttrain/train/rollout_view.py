@@ -57,10 +57,15 @@ def view_data(run_dir: Path) -> dict[str, Any]:
     formats = _tool_formats(config)
     shown = _steps_on_page(folder, steps)
     records = []
+    texts: dict[int, str] = {}  # each token id's text, decoded once
     for step in shown:
         batch, _ = read_batch(folder, step)
         prepared = _prepared_rows(read_prepared(folder, step))
-        records += [_sample(batch, i, step, tokenizer, formats, prepared) for i in range(len(batch))]
+        widths, logprobs = batch.response_widths().tolist(), batch.engine_logprobs.tolist()
+        for i in range(len(batch)):
+            ids = batch.response_ids[i, : widths[i]].tolist()
+            token_texts = _token_texts(tokenizer, ids, texts)
+            records.append(_sample(batch, i, step, ids, token_texts, logprobs[i], formats, prepared))
     return {
         "run": run_dir.resolve().name,
         "alarm": _alarm(run_dir),
@@ -84,24 +89,32 @@ def _steps_on_page(folder: Path, steps: list[int]) -> list[int]:
     return sorted({steps[round(i * (len(steps) - 1) / (room - 1))] for i in range(room)})
 
 
-def _sample(batch: Any, i: int, step: int, tokenizer: Any, formats: list[Any], prepared: dict) -> dict[str, Any]:
-    """One sample's record (see the module docstring)."""
-    width = int(batch.response_widths()[i])
-    ids = batch.response_ids[i, :width].tolist()
+def _sample(
+    batch: Any,
+    i: int,
+    step: int,
+    ids: list[int],
+    texts: list[str],
+    logprobs: list[float],
+    formats: list,
+    prepared: dict,
+) -> dict[str, Any]:
+    """One sample's record (see the module docstring): ``ids`` its response tokens up to the last
+    attended one, ``texts`` theirs, ``logprobs`` its row of engine log-probs."""
+    width = len(ids)
     sampled = batch.response_mask[i, :width].bool().tolist()
     versions = (batch.token_versions[i, :width].tolist() if batch.token_versions is not None
                 else [int(batch.policy_version[i])] * width)  # fmt: skip
     annotation = prepared.get((int(batch.group_ids[i]), tuple(ids)), [None]).pop(0) if prepared else None
-    texts = _token_texts(tokenizer, ids)
     tokens = []
     for t in range(width):
         token = {"text": texts[t], "sampled": sampled[t], "version": versions[t]}
         if sampled[t]:
-            token["logprob"] = _finite(float(batch.engine_logprobs[i, t]))
+            token["logprob"] = _finite(logprobs[t])
             if annotation is not None:
                 token.update({name: values[t] for name, values in annotation.items() if name != "old"})
                 if "old" in annotation:  # the engine's log-prob minus the trainer's π_old
-                    token["gap"] = _finite(float(batch.engine_logprobs[i, t]) - annotation["old"][t])
+                    token["gap"] = _finite(logprobs[t] - annotation["old"][t])
         tokens.append(token)
     score = float(batch.scores[i]) if batch.scores is not None else math.nan
     components = batch.reward_components[i].tolist() if batch.reward_components is not None else []
@@ -147,11 +160,11 @@ def _finite(value: float) -> float | None:
     return round(value, 5) if math.isfinite(value) else None
 
 
-def _token_texts(tokenizer: Any, ids: list[int]) -> list[str]:
-    """Each token's own text (its id in angle brackets without a tokenizer)."""
-    if tokenizer is None:
-        return [f"<{i}>" for i in ids]
-    return [tokenizer.decode([i]) for i in ids]
+def _token_texts(tokenizer: Any, ids: list[int], known: dict[int, str]) -> list[str]:
+    """Each token's own text (its id in angle brackets without a tokenizer); ``known`` caches them."""
+    for i in set(ids) - known.keys():
+        known[i] = f"<{i}>" if tokenizer is None else tokenizer.decode([i])
+    return [known[i] for i in ids]
 
 
 def _tool_calls(tokens: list[dict[str, Any]], formats: list[Any]) -> list[dict[str, Any]]:
