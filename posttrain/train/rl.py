@@ -296,7 +296,7 @@ class OnlineRL:
             batch = self.prepare(batch, metrics)
         if hasattr(self.source, "annotate"):  # a recording: what preparation added, for posttrain view
             self.source.annotate(step, batch)
-        self.last_batch = batch  # the alarm's evidence
+        self.last_batch = batch if self.alarm else None  # the alarm's evidence (kept only for it)
         metrics = self.ranks.reduce_metrics(metrics)  # the ranks' shares of the rollout as one step's
         t2 = time.perf_counter()
         with stage("update", step):
