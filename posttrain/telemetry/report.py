@@ -147,14 +147,20 @@ def _stopped(reason: str | None) -> str:
     return f"<div class='stopped'><h2>The run stopped</h2><pre>{html.escape(reason)}</pre></div>"
 
 
-def _alarm(run_dir: Path) -> str:
-    """The reward-hacking alarm's evidence (``alarm.json``, train/hacking_alarm.py), when it fired."""
+def read_alarm(run_dir: Path) -> dict[str, Any] | None:
+    """The reward-hacking alarm's record (``alarm.json``, train/hacking_alarm.py), when it fired."""
     path = run_dir / "alarm.json"
     try:
         record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
     except (OSError, json.JSONDecodeError):
-        return ""
-    if not isinstance(record, dict) or not isinstance(record.get("monitor"), dict):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("monitor"), dict) else None
+
+
+def _alarm(run_dir: Path) -> str:
+    """The alarm's evidence as the report's section, when it fired."""
+    record = read_alarm(run_dir)
+    if record is None:
         return ""
     monitor, steps, optimised = record["monitor"], record.get("steps", {}), record.get("optimised", {})
     name = monitor.get("name", "monitor")

@@ -14,7 +14,6 @@ about :data:`TOKEN_BUDGET` tokens go on it, chosen evenly over the run when ther
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ import yaml
 
 from posttrain.errors import PosttrainError
 from posttrain.sources.recorded import read_batch, read_prepared, recorded_steps
-from posttrain.telemetry.report import conversation_text
+from posttrain.telemetry.report import conversation_text, read_alarm
 from posttrain.telemetry.rollout_page import render_page
 
 MAX_STEPS = 200
@@ -68,7 +67,7 @@ def view_data(run_dir: Path) -> dict[str, Any]:
             records.append(_sample(batch, i, step, ids, token_texts, logprobs[i], formats, prepared))
     return {
         "run": run_dir.resolve().name,
-        "alarm": _alarm(run_dir),
+        "alarm": read_alarm(run_dir),
         "components": _reward_names(config),
         "recorded_steps": len(steps),
         "steps": shown,
@@ -186,16 +185,6 @@ def _tool_calls(tokens: list[dict[str, Any]], formats: list[Any]) -> list[dict[s
                 calls.append({"turn": index, "malformed": parsed.error})
                 break
     return calls
-
-
-def _alarm(run_dir: Path) -> dict[str, Any] | None:
-    """The reward-hacking alarm's record (``alarm.json``), when it fired."""
-    path = run_dir / "alarm.json"
-    try:
-        record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-    except (OSError, json.JSONDecodeError):
-        return None
-    return record if isinstance(record, dict) and isinstance(record.get("monitor"), dict) else None
 
 
 def _run_config(run_dir: Path) -> dict[str, Any]:
