@@ -37,6 +37,7 @@ from posttrain.envs.python_tool import ToolSandboxError
 from posttrain.envs.tool_formats import ParsedTurn, ToolCall, resolve_format
 from posttrain.user_code import import_named
 
+TOOLS_OFF_REPLY = "error: the tools are off in this conversation; answer without them"
 JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
 
 
@@ -99,8 +100,10 @@ class ToolsEnvironment:
     """See the module docstring. Options: ``tools`` (paths), ``format`` (``auto`` | ``hermes`` |
     ``smollm2`` | ``llama3_json`` | ``mistral`` | a response template ``.json``), ``prompt_column``,
     ``timeout_s`` (per call), ``max_calls_per_turn``, ``max_result_chars``, ``malformed_reply``
-    (``{error}`` is filled in) and ``system`` (a system message before the row's prompt, or none; ``{tools}`` in it is
-    replaced by the tools' schemas, one JSON line each, for templates that do not list them)."""
+    (``{error}`` is filled in), ``system`` (a system message before the row's prompt, or none; ``{tools}`` in it is
+    replaced by the tools' schemas, one JSON line each, for templates that do not list them) and
+    ``tools_off`` (the ablation: the tools are offered as usual, but every call is answered with
+    ``TOOLS_OFF_REPLY`` and runs nothing — what the policy scores without their results)."""
 
     def __init__(
         self,
@@ -112,12 +115,13 @@ class ToolsEnvironment:
         max_result_chars: int = 2000,
         malformed_reply: str = "error: the tool call could not be read ({error}); write it as the format asks",
         system: str | None = None,
+        tools_off: bool = False,
     ) -> None:
         self.functions = resolve_tools(list(tools))
         self.chat_tools = [tool_schema(function) for function in self.functions.values()]
         self.format_name, self.prompt_column, self.timeout_s = format, prompt_column, timeout_s
         self.max_calls_per_turn, self.max_result_chars = max_calls_per_turn, max_result_chars
-        self.malformed_reply, self.system = malformed_reply, system
+        self.malformed_reply, self.system, self.tools_off = malformed_reply, system, tools_off
         self.format: Any = None if format == "auto" else resolve_format(format)  # auto: the tokenizer's
         self.state: dict[str, Any] = {}
         self.counts = {"turns": 0, "malformed": 0, "calls": 0, "unknown": 0, "bad_arguments": 0, "errors": 0}
@@ -189,6 +193,8 @@ class ToolsEnvironment:
         if function is None:
             self.counts["unknown"] += 1
             return f"error: no tool is named {call.name!r}; the tools are {', '.join(self.functions)}"
+        if self.tools_off:
+            return TOOLS_OFF_REPLY
         arguments = dict(call.arguments)
         if "state" in inspect.signature(function).parameters:
             arguments["state"] = self.state

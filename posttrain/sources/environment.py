@@ -83,7 +83,9 @@ class EnvironmentSource:
         self.version = 0
         # an interruptible engine reports the version of every token (rollout.interrupt)
         self.tracks_versions = getattr(engine, "mailbox", None) is not None
-        self.last_result: list[dict[str, Any]] = []
+        self.last_result: list[dict[str, Any]] = []  # the last evaluation's episodes (evaluate)
+        self.last_sampled: list[dict[str, Any]] = []
+        self.last_played: list[dict[str, Any]] = []
         self.episode_loop: EpisodeLoop | None = None  # made at the first episode: a thread does not pickle
 
     single_reward = False  # the score is a return, never one 0/1 reward: no reward/accuracy
@@ -173,21 +175,42 @@ class EnvironmentSource:
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-        """Held-out episodes, one per row, the policy greedy: ``eval/reward`` (mean return),
-        ``eval/turns_mean``, ``eval/errors``, ``eval/truncated``, and for environments that say
-        whether an episode reached its goal ``eval/resolved`` and ``eval/turns_per_resolution``.
-        With ``eval_k`` > 0, also ``eval_k`` episodes per row sampled at the run's temperature
-        (the same draws at every evaluation): the same figures as ``eval/sampled_<name>`` — what
-        the policy RL trains does, where a greedy bot hides how often it derails.
-        ``rewards=`` functions are not run here: the return is the environment's rewards. The
-        greedy episodes are kept in ``last_result`` (prompt, conversation, return, resolved, error)."""
-        plays = self._evaluation_plays(rows, greedy=True)
-        self.last_result = [episode_record(play) for play in plays]
-        metrics = {f"eval/{name}": value for name, value in evaluation_metrics(plays).items()}
+        """Held-out episodes, one per row, the policy greedy, scored as training scores them (the
+        environment's rewards plus the ``rewards=`` functions' score of the conversation):
+        ``eval/reward`` (mean return), ``eval/turns_mean``, ``eval/errors``, ``eval/truncated``, what
+        the environment reports of its episodes (e.g. ``eval/tools/calls_per_episode``), each
+        function's ``eval/<name>/mean`` and ``/solved`` (full marks) and, for environments that say
+        whether an episode reached its goal, ``eval/resolved`` and ``eval/turns_per_resolution``.
+        With ``eval_k`` > 0, also ``eval_k`` episodes per row sampled at the run's temperature (the
+        same draws at every evaluation): the same figures as ``eval/sampled_<name>`` — what the
+        policy RL trains does, where a greedy bot hides how often it derails. The episodes' records
+        (prompt, conversation, return, per-function scores, resolved, the environment's figures,
+        error) are kept: the greedy ones in ``last_result``, the sampled ones in ``last_sampled``
+        (row i's are ``eval_k * i`` to ``eval_k * (i + 1)``)."""
+        metrics = self._scored(rows, greedy=True, prefix="eval/")
+        self.last_result = self.last_played
         if self.plan.eval_k:
-            sampled = self._evaluation_plays([row for row in rows for _ in range(self.plan.eval_k)], greedy=False)
-            metrics.update({f"eval/sampled_{name}": value for name, value in evaluation_metrics(sampled).items()})
+            sampled = [row for row in rows for _ in range(self.plan.eval_k)]
+            metrics.update(self._scored(sampled, greedy=False, prefix="eval/sampled_"))
+            self.last_sampled = self.last_played
         return metrics
+
+    def _scored(self, rows: Sequence[dict[str, Any]], greedy: bool, prefix: str) -> dict[str, float]:
+        """Play one episode of each row, score it as a training episode; its records in ``last_played``."""
+        plays = self._evaluation_plays(rows, greedy=greedy)
+        components: list[dict[str, float]] = [{} for _ in plays]
+        returns = self._returns(plays, list(rows), group=1, components=components).tolist()
+        self.last_played = [
+            episode_record(play, score, parts) for play, score, parts in zip(plays, returns, components, strict=True)
+        ]
+        metrics = evaluation_metrics(plays, returns if self.rewards is not None else None)
+        for name in self.rewards.names if self.rewards is not None else []:
+            pairs = zip(components, plays, strict=True)  # an errored episode has no score
+            values = [parts.get(name, math.nan) for parts, play in pairs if play.error is None]
+            values = [value for value in values if not math.isnan(value)]
+            metrics[f"{name}/mean"] = sum(values) / len(values) if values else math.nan
+            metrics[f"{name}/solved"] = sum(v >= 1.0 for v in values) / len(values) if values else math.nan
+        return {prefix + name: value for name, value in metrics.items()}
 
     def _evaluation_plays(self, rows: Sequence[dict[str, Any]], greedy: bool) -> list[Play]:
         plays: list[Play] = []
@@ -353,11 +376,17 @@ class EnvironmentSource:
         return self._returns(plays, rows, self.plan.samples_per_prompt, batch)[owners]
 
     def _returns(
-        self, plays: list[Play], rows: list[dict[str, Any]], group: int, batch: RolloutBatch | None = None
+        self,
+        plays: list[Play],
+        rows: list[dict[str, Any]],
+        group: int,
+        batch: RolloutBatch | None = None,
+        components: list[dict[str, float]] | None = None,
     ) -> Tensor:
         """Per episode (episode i plays row i // ``group``): its turn rewards plus the ``rewards=``
         score of the conversation (NaN where a function has no score for it); NaN for an episode
-        that ended in an error. With ``batch``, the functions' components go on its samples."""
+        that ended in an error. With ``batch``, the functions' components go on its samples; with
+        ``components``, each episode's are filled in by name."""
         # an episode the environment gave no reward (its only turn cut by the budget) returns 0:
         # that is its return, as a single-turn completion cut short is still scored
         returns = torch.tensor([play.total_reward for play in plays], dtype=torch.float32)
@@ -375,6 +404,8 @@ class EnvironmentSource:
                 group_ids=torch.arange(len(plays)) // group,
                 per_turn=True,
             )
+            for parts, row in zip(components or [], result.components.tolist(), strict=False):
+                parts.update(zip(result.names, row, strict=True))
             if batch is not None:
                 batch.reward_components = result.components[[i for i, play in enumerate(plays) for _ in play.samples]]
                 self._place_turn_values(plays, result, batch)

@@ -121,12 +121,19 @@ def conversation(play: Play) -> list[dict[str, Any]]:
     return play.messages[len(first) if isinstance(first, list) else 1 :]
 
 
-def episode_record(play: Play) -> dict[str, Any]:
+def episode_record(
+    play: Play, score: float | None = None, components: dict[str, float] | None = None
+) -> dict[str, Any]:
+    """An evaluated episode: its ``return`` (``score``, the environment's rewards plus the
+    ``rewards=`` functions', when given; else the environment's alone), each function's score
+    (``rewards``), and what the environment reports of it (``figures``, e.g. its tool calls)."""
     return {
         "prompt": play.first_observation,
         "conversation": conversation(play),
-        "return": play.total_reward,
+        "return": play.total_reward if score is None else score,
+        "rewards": dict(components or {}) if play.error is None else {},
         "resolved": getattr(play.env.env, "resolved", None),
+        "figures": play.env.env.episode_metrics() if play.error is None and _reports(play) else {},
         "truncated": play.truncated,
         "error": None if play.error is None else str(play.error),
     }
@@ -159,10 +166,14 @@ def _reports(play: Play) -> bool:
     return callable(getattr(play.env.env, "episode_metrics", None))
 
 
-def evaluation_metrics(plays: list[Play]) -> dict[str, float]:
-    """Evaluation figures of finished episodes: mean return (``reward``), turns, errors,
-    truncation and, for environments that say so, ``resolved`` and ``turns_per_resolution``."""
-    returns = [p.total_reward for p in plays if p.error is None and any(e.rewards for e, _ in p.samples)]
+def evaluation_metrics(plays: list[Play], returns: list[float] | None = None) -> dict[str, float]:
+    """Evaluation figures of finished episodes: mean return (``reward``: of ``returns`` when given,
+    the episodes' scores with the ``rewards=`` functions', else of the environment's rewards, over
+    the episodes it rewarded), turns, errors, truncation and, for environments that say so,
+    ``resolved`` and ``turns_per_resolution``."""
+    if returns is None:
+        returns = [p.total_reward for p in plays if p.error is None and any(e.rewards for e, _ in p.samples)]
+    returns = [r for r in returns if not math.isnan(r)]  # an episode that ended in an error has none
     metrics = {name.removeprefix("env/"): value for name, value in episode_metrics(plays).items()}
     metrics["reward"] = sum(returns) / len(returns) if returns else math.nan
     if "resolved" in metrics:

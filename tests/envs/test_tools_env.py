@@ -11,6 +11,7 @@ import pytest
 
 from posttrain.envs import resolve_environment
 from posttrain.envs.base import EnvSpecError
+from posttrain.envs.tool_env import TOOLS_OFF_REPLY
 from posttrain.envs.tool_formats import ToolCall, resolve_format
 
 HERE = "tests.envs.test_tools_env"
@@ -86,6 +87,16 @@ def test_calls_answer_in_call_order_and_a_turn_without_one_ends_the_episode():
     assert step(env, "The answer is 5.") == (None, None, True)
     assert env.episode_metrics()["tools/calls_per_episode"] == 2.0
     assert env.episode_metrics()["tools/episodes_with_a_call"] == 1.0
+
+
+def test_with_the_tools_off_the_prompt_is_unchanged_and_every_call_is_answered_without_running():
+    on, off = tools_env("add", "remember"), tools_env("add", "remember", tools_off=True)
+    assert off.reset({"prompt": "2 + 3?"}) == on.reset({"prompt": "2 + 3?"}) and off.chat_tools == on.chat_tools
+    observation, reward, done = step(off, turn(ToolCall("add", {"a": 2, "b": 3}), ToolCall("remember", {"item": "x"})))
+    assert [m["content"] for m in observation] == [TOOLS_OFF_REPLY] * 2 and (reward, done) == (None, False)
+    assert off.state == {}  # nothing ran
+    assert off.episode_metrics()["tools/calls_per_episode"] == 2.0  # the attempts are counted
+    assert step(off, "5") == (None, None, True)
 
 
 def test_every_failure_is_answered_and_counted():

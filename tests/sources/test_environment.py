@@ -255,6 +255,31 @@ def test_sampled_evaluation_plays_eval_k_episodes_per_row_from_the_same_draws(po
     assert "eval/sampled_reward" not in source_for(policy, rows).evaluate(rows)  # eval_k = 0: greedy only
 
 
+def turns_written(prompts, completions, **columns):
+    """A score of the conversation: 1.0 for an episode of three policy turns, else 0.0."""
+    return [float(sum(m["role"] == "assistant" for m in c) == 3) for c in completions]
+
+
+def test_held_out_episodes_are_scored_by_the_rewards_functions_as_training_scores_them(policy):
+    from posttrain.rewards import RewardSet
+    from posttrain.rewards.registry import resolve_rewards
+
+    rows = [{"id": i} for i in range(3)] + [{"id": 3, "fail": "raise"}]
+    source = source_for(policy, rows, overrides=["eval_k=2"])
+    named = resolve_rewards(["tests.sources.test_environment:turns_written"], [2.0])
+    source.rewards = RewardSet(named, workers=0)
+    metrics = source.evaluate(rows)
+    # every finished episode: three turns of 0.25 from the environment, 2 x 1.0 from the function;
+    # the broken one has no return and counts as an error, not as a 0
+    assert metrics["eval/reward"] == pytest.approx(0.75 + 2.0) and metrics["eval/errors"] == 0.25
+    assert metrics["eval/turns_written/mean"] == 1.0 and metrics["eval/turns_written/solved"] == 1.0
+    assert metrics["eval/sampled_reward"] == pytest.approx(2.75) and metrics["eval/sampled_turns_written/mean"] == 1.0
+    greedy, sampled = source.last_result, source.last_sampled
+    assert [e["return"] for e in greedy[:3]] == [pytest.approx(2.75)] * 3 and math.isnan(greedy[3]["return"])
+    assert greedy[0]["rewards"] == {"turns_written": 1.0} and greedy[3]["error"] is not None
+    assert len(sampled) == 2 * len(rows) and [e["prompt"] for e in sampled[:2]] == [greedy[0]["prompt"]] * 2
+
+
 @pytest.mark.parametrize("estimator", ["grpo", "rloo"])
 def test_a_template_that_rewrites_history_continues_each_episode_as_new_samples(estimator):
     from tests.envs.chat_fixtures import DROPS_NEWLINE, chatml_tokenizer
