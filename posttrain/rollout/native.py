@@ -79,6 +79,7 @@ class NativeDecoder:
     """
 
     LOGIT_CHUNK = 4096  # vocabulary rows per product of the output layer in decode
+    MIN_SHARED = 16  # prompts that begin with this many tokens alike encode them once
 
     def __init__(self, model: nn.Module, dtype: torch.dtype | None = None) -> None:
         reason = unsupported_reason(model)
@@ -263,6 +264,10 @@ class NativeDecoder:
         capacity = self.keys.shape[-2]
         self.layer_keys, self.layer_values = self.keys.unbind(0), self.values.unbind(0)
         valid = attention_mask.bool()
+        shared = shared_prefix_length(input_ids, valid, self.MIN_SHARED) if prompts > 1 else 0
+        if shared:  # [prefix][pads][rest]: the prefix's columns the same in every row (pads are masked anywhere)
+            input_ids, valid = pads_after_prefix(input_ids, valid, shared)
+        self.prefilled_tokens = shared + int(valid[:, shared:].sum()) if shared else int(valid.sum())
         positions = valid.long().cumsum(-1).sub_(1).clamp_(min=0)
         # decoding step t of a row sits at position (real prompt tokens) + t
         steps = positions[:, -1:] + 1 + torch.arange(max_new_tokens, device=positions.device)
@@ -276,7 +281,13 @@ class NativeDecoder:
         causal = torch.ones(length, length, dtype=torch.bool, device=valid.device).tril()
         allowed = causal & valid[:, None, None, :]  # [U, 1, P, P]
         bias = torch.full(allowed.shape, minimum, dtype=dtype, device=valid.device).masked_fill_(allowed, 0.0)
-        hidden = self._prefill_layers(self.embed[input_ids], self._rotations(positions).unsqueeze(2), bias, repeats)
+        rotations = self._rotations(positions).unsqueeze(2)
+        if shared:  # the shared prefix encoded once, its keys and values written into every row
+            self._prefill_layers(self.embed[input_ids[:1, :shared]], rotations[:1, :shared],
+                                 bias[:1, :, :shared, :shared], prompts * repeats)  # fmt: skip
+        hidden = self._prefill_layers(
+            self.embed[input_ids[:, shared:]], rotations[:, shared:], bias[:, :, shared:], repeats, start=shared
+        )
         logits = F.linear(F.rms_norm(hidden, (self.hidden,), self.final_norm, self.eps), self.lm_head)
         if cache is None:  # decode's logits go to the same memory every step (see SamplingWorkspace for why)
             vocab = self.lm_head.shape[0]
@@ -284,13 +295,15 @@ class NativeDecoder:
             self.logits_t = torch.empty(min(vocab, self.LOGIT_CHUNK) * batch, dtype=logits.dtype, device=logits.device)
         return logits.repeat_interleave(repeats, 0)
 
-    def _prefill_layers(self, hidden: Tensor, rotations: Tensor, bias: Tensor, repeats: int) -> Tensor:
-        """Run the layers on ``hidden [U, P, H]``; return the last position's output ``[U, H]``.
+    def _prefill_layers(self, hidden: Tensor, rotations: Tensor, bias: Tensor, repeats: int, start: int = 0) -> Tensor:
+        """Run the layers on ``hidden [U, P, H]``, the prompts' positions from ``start`` on (those
+        before are in the cache already: a shared prefix); return the last position's output ``[U, H]``.
 
         The last layer needs keys and values everywhere but its output only at the last
         position, so its attention and MLP run on that position alone.
         """
         prompts, length, _ = hidden.shape
+        end = start + length
         h, kv, d = self.heads, self.kv_heads, self.head_dim
         for index, w in enumerate(self.layers):
             x = F.rms_norm(hidden, (self.hidden,), w.in_norm, self.eps)
@@ -300,8 +313,11 @@ class NativeDecoder:
             v = qkv[..., (h + kv) * d :].unflatten(-1, (kv, d)).transpose(1, 2)
             # every sample of a prompt starts from the same keys and values
             grouped = (prompts, repeats, kv, self.keys.shape[-2], d)
-            self.keys[index].view(grouped)[..., :length, :] = k.unsqueeze(1)
-            self.values[index].view(grouped)[..., :length, :] = v.unsqueeze(1)
+            self.keys[index].view(grouped)[..., start:end, :] = k.unsqueeze(1)
+            self.values[index].view(grouped)[..., start:end, :] = v.unsqueeze(1)
+            if start:  # attend to the prefix too: each prompt's first sample's row holds it all
+                k = self.keys[index].view(grouped)[:, 0, :, :end]
+                v = self.values[index].view(grouped)[:, 0, :, :end]
             last = index == len(self.layers) - 1
             if last:
                 q, bias, hidden = q[:, :, -1:], bias[:, :, -1:], hidden[:, -1:]
@@ -437,3 +453,30 @@ class NativeDecoder:
             self.keys, self.values = keys, values
         self.layer_keys, self.layer_values = self.keys.unbind(0), self.values.unbind(0)
         self.step_rotations, self.decode_bias = self.step_rotations[rows], self.decode_bias[rows]
+
+
+def shared_prefix_length(input_ids: Tensor, valid: Tensor, minimum: int) -> int:
+    """How many first tokens all left-padded prompts ``input_ids [U, P]`` have alike (a system
+    message, a few-shot prefix, an episode's first turns), leaving each at least one of its own;
+    0 when fewer than ``minimum``."""
+    lengths = valid.sum(-1)
+    most = int(lengths.min()) - 1
+    if most < minimum:
+        return 0
+    starts = input_ids.shape[1] - lengths
+    aligned = input_ids.gather(1, starts[:, None] + torch.arange(most, device=input_ids.device))  # [U, most]
+    alike = (aligned == aligned[:1]).all(0)
+    shared = most if bool(alike.all()) else int((~alike).nonzero()[0])
+    return shared if shared >= minimum else 0
+
+
+def pads_after_prefix(input_ids: Tensor, valid: Tensor, shared: int) -> tuple[Tensor, Tensor]:
+    """Left-padded prompts re-laid as ``[shared prefix][pads][the rest]``: the same width, each
+    token keeping its position (positions count real tokens), the prefix in the same columns of
+    every row so one encoding of it serves all."""
+    width = input_ids.shape[1]
+    pads = width - valid.sum(-1, keepdim=True)  # [U, 1]
+    column = torch.arange(width, device=input_ids.device)[None]
+    in_pads = (column >= shared) & (column < shared + pads)
+    source = torch.where(column < shared, pads + column, column).clamp_(max=width - 1)
+    return input_ids.gather(1, source).masked_fill_(in_pads, 0), ~in_pads

@@ -281,9 +281,12 @@ class EnvironmentSource:
             # from (seed, step, round, turn, rank): a resumed run plays exactly the same episodes;
             # each episode keeps its own budget's worth of the longest budget's tokens (below)
             seed = sample_seed(self.plan.seed, step, round_index, rank, turn=turn)
-            sampling = self.plan.params(seed=seed, max_new_tokens=max(budgets), greedy=greedy)
+            contexts = [play.episode.ids for play in active]
+            # a group's episodes start alike: each first context prefilled once, sampled n times
+            n = repeat_count(contexts)
+            sampling = self.plan.params(seed=seed, n=n, max_new_tokens=max(budgets), greedy=greedy)
             t0 = time.perf_counter()
-            rollouts = self.engine.generate([play.episode.ids for play in active], sampling)
+            rollouts = self.engine.generate(contexts[::n], sampling)
             generate_s += time.perf_counter() - t0
             lengths = rollouts.response_lengths.tolist()
             turn_versions = rollouts.extras.get("token_versions")
@@ -464,3 +467,13 @@ class EnvironmentSource:
                 f"step {step}: {len(errors)} of {len(plays)} episodes ended in an environment error, more than "
                 f"env.max_error_fraction = {self.env.max_error_fraction:g}. The first: {errors[0]}"
             )
+
+
+def repeat_count(contexts: Sequence[Sequence[int]]) -> int:
+    """k when ``contexts`` is runs of k equal token lists, each run after the last (the episodes
+    of a group at their first turn), else 1."""
+    k = next((i for i, ids in enumerate(contexts) if ids != contexts[0]), len(contexts))
+    if k < 2 or len(contexts) % k:
+        return 1
+    runs = range(0, len(contexts), k)
+    return k if all(contexts[j + i] == contexts[j] for j in runs for i in range(1, k)) else 1

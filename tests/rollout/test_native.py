@@ -37,6 +37,35 @@ def test_logits_equal_transformers_on_a_left_padded_batch(tokenizer, arch, kv_he
         torch.testing.assert_close(got, reference[:, prompts.shape[1] - 1 + t], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("kv_heads", [None, 2], ids=["mha", "gqa"])
+def test_a_prefix_all_prompts_share_is_encoded_once_and_gives_transformers_logits(tokenizer, kv_heads):
+    model = tiny_model(tokenizer, "qwen2", kv_heads=kv_heads)
+    decoder = NativeDecoder(model)
+    decoder.MIN_SHARED = 4
+    system = [5, 6, 7, 8, 9, 10]  # a system message every prompt starts with, then each its own
+    rows = [[*system, 11, 12, 13], [*system, 14], [*system, 11, 15], [*system, 11, 12, 13, 16, 17]]
+    width = max(map(len, rows))
+    prompts = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    mask = (prompts != 0).long()
+    repeats, steps = 2, 3
+    continuations = torch.randint(4, len(tokenizer), (4 * repeats, steps), generator=torch.Generator().manual_seed(1))
+    logits = [decoder.prefill(prompts, mask, max_new_tokens=steps, repeats=repeats)]
+    # the shared tokens (here 6, the longest prefix that leaves each prompt one of its own) once, the rest per prompt
+    assert decoder.prefilled_tokens == len(system) + sum(len(r) - len(system) for r in rows)
+    logits += [decoder.decode(continuations[:, t]).clone() for t in range(steps)]
+    ids = torch.cat([prompts.repeat_interleave(repeats, 0), continuations], 1)
+    full_mask = torch.cat([mask.repeat_interleave(repeats, 0), torch.ones_like(continuations)], 1)
+    with torch.no_grad():
+        positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
+        reference = model(input_ids=ids, attention_mask=full_mask, position_ids=positions).logits
+    for t, got in enumerate(logits):
+        torch.testing.assert_close(got, reference[:, width - 1 + t], atol=1e-5, rtol=0)
+    # prompts alike in fewer than MIN_SHARED tokens are encoded whole, as before
+    decoder.MIN_SHARED = 7
+    decoder.prefill(prompts, mask, max_new_tokens=steps)
+    assert decoder.prefilled_tokens == int(mask.sum())
+
+
 @pytest.mark.parametrize("weight_major", [False, True], ids=["activation-major", "weight-major"])
 @pytest.mark.parametrize(
     "drops",

@@ -68,7 +68,8 @@ class RecordingEngine:
 
     def generate(self, prompts, sampling):
         rollouts = self.engine.generate(prompts, sampling)
-        for prompt, ids, n in zip(prompts, rollouts.response_ids, rollouts.response_lengths, strict=True):
+        rows = [prompt for prompt in prompts for _ in range(sampling.n)]  # n samples of each prompt
+        for prompt, ids, n in zip(rows, rollouts.response_ids, rollouts.response_lengths, strict=True):
             self.sampled.append((list(prompt), ids[: int(n)].tolist()))
         return rollouts
 
@@ -187,6 +188,23 @@ def test_the_same_step_plays_the_same_episodes(policy):
     again, _ = source_for(policy, [{"id": i} for i in range(3)]).next_batch(4)
     assert torch.equal(first.response_ids, again.response_ids)
     assert torch.equal(first.engine_logprobs, again.engine_logprobs)
+
+
+def test_a_groups_first_turn_is_prefilled_once_and_sampled_for_each_episode(policy):
+    from posttrain.sources.environment import repeat_count
+
+    source = source_for(policy, [{"id": i} for i in range(3)])
+    calls = []
+    generate = source.engine.generate
+    source.engine.generate = lambda prompts, sampling: (
+        calls.append((len(prompts), sampling.n)) or generate(prompts, sampling)
+    )
+    batch, _ = source.next_batch(1)
+    assert calls[0] == (3, 2)  # 3 rows x 2 episodes: 3 contexts, each sampled twice
+    assert all(n == 1 for _, n in calls[1:])  # later turns differ by what each episode sampled
+    assert batch.response_ids.shape[0] == 6 and not torch.equal(batch.response_ids[0], batch.response_ids[1])
+    assert repeat_count([[1], [1], [2], [2]]) == 2 and repeat_count([[1], [1], [2]]) == 1
+    assert repeat_count([[1], [1], [1], [2]]) == 1 and repeat_count([[1], [2]]) == 1 and repeat_count([]) == 1
 
 
 class Overlapping:
