@@ -291,7 +291,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     base = out / "base"
     smollm2_folder(base)
     alone = stage("shipped_without_tools", lambda: measure_without_tools(base, args))
-    shipped = stage("shipped", lambda: measure(args.config, base, args, rows, "shipped"))
+    # greedy only: the shipped model never calls the tool, and its sampled turns run to the token limit
+    shipped = stage("shipped", lambda: measure(args.config, base, args, rows, "shipped", k=0))
     rows_file = run / "cold_start.jsonl"
     stage("cold_start_rows", lambda: record_cold_start(args, rows_file))
     sft_dir = run / "sft"
