@@ -79,7 +79,9 @@ class NativeDecoder:
     """
 
     LOGIT_CHUNK = 4096  # vocabulary rows per product of the output layer in decode
-    MIN_SHARED = 16  # prompts that begin with this many tokens alike encode them once
+    # prompts that begin with this many tokens alike encode them once (a system message, a tool list);
+    # below it the extra pass over the layers costs about what it saves
+    MIN_SHARED = 64
 
     def __init__(self, model: nn.Module, dtype: torch.dtype | None = None) -> None:
         reason = unsupported_reason(model)
