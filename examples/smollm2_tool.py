@@ -304,9 +304,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     start = sft_dir / "final"
     after_sft = stage_with_ablations(stage, "after_sft", start, args, rows, reworded)
     rl_dir = run / "grpo"
+    # an RL stage stopped part-way continues from its last checkpoint, unless its settings are new
+    start_over = "rl_settings" not in stage.done
     stage("rl_settings", lambda: stage.rl_settings)
-    stage("rl", lambda: train(["rl", "--config", str(args.config), f"model.path={start}", f"output_dir={rl_dir}",
-                               "eval_k=0", *args.rl], args))  # fmt: skip
+    rl = ["rl", "--config", str(args.config), f"model.path={start}", f"output_dir={rl_dir}", "eval_k=0", *args.rl]
+    stage("rl", lambda: train(rl, args, resume=not start_over))
     final = rl_dir / "final"
     stage("response_template", lambda: ship_response_template(final))
     trained = stage_with_ablations(stage, "trained", final, args, rows, reworded)
@@ -338,8 +340,12 @@ def stage_with_ablations(
     return figures
 
 
-def train(command: list[str], args: argparse.Namespace) -> dict[str, str]:
-    if posttrain([*command, f"seed={args.seed}", "overwrite=true", f"device={args.device}"]) != 0:
+def train(command: list[str], args: argparse.Namespace, resume: bool = False) -> dict[str, str]:
+    """``posttrain sft|rl`` in this process; ``resume``: from the output folder's newest checkpoint
+    when it holds one (a stage stopped part-way), else from the start."""
+    output = Path(next(a.split("=", 1)[1] for a in command if a.startswith("output_dir=")))
+    start = ["--resume", "auto"] if resume and any(output.glob("checkpoints/step-*")) else ["overwrite=true"]
+    if posttrain([*command, f"seed={args.seed}", *start, f"device={args.device}"]) != 0:
         raise SystemExit(f"the {command[0]} stage failed")
     return {"output_dir": next(a.split("=", 1)[1] for a in command if a.startswith("output_dir="))}
 
