@@ -113,6 +113,14 @@ def test_the_recipe_records_a_cold_start_then_trains_with_the_tool_and_measures_
     metrics = (run / "grpo" / "metrics.jsonl").stat().st_mtime_ns
     assert example.main([*argv, "--rl", *SMALL_RL, "--sft", *SMALL_SFT])["after_rl"] == summary["after_rl"]
     assert (run / "grpo" / "metrics.jsonl").stat().st_mtime_ns == metrics
+    # an RL stage stopped part-way continues from its checkpoint instead of starting over
+    ledger = json.loads((run / "stages.json").read_text())
+    kept = dict(list(ledger.items())[: list(ledger).index("rl")])
+    (run / "stages.json").write_text(json.dumps(kept))
+    capsys.readouterr()
+    example.main([*argv, "--rl", *SMALL_RL, "--sft", *SMALL_SFT])
+    assert "[resume] step 2 restored from" in capsys.readouterr().out
+    assert list(json.loads((run / "stages.json").read_text())) == list(stages)
     # other RL settings are refused with the stage to redo from; the stages before RL are kept
     sft = stages["sft"]
     with pytest.raises(SystemExit, match="--redo-from rl_settings"):
