@@ -13,6 +13,15 @@ from posttrain.rollout.projections import unsupported_reason
 from tests.rollout.conftest import tiny_model
 
 
+def transformers_logits(model, prompts, mask, continuations, repeats):
+    """transformers' logits of each prompt's ``repeats`` samples continued by ``continuations``."""
+    ids = torch.cat([prompts.repeat_interleave(repeats, 0), continuations], 1)
+    full_mask = torch.cat([mask.repeat_interleave(repeats, 0), torch.ones_like(continuations)], 1)
+    with torch.no_grad():
+        positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
+        return model(input_ids=ids, attention_mask=full_mask, position_ids=positions).logits
+
+
 @pytest.mark.parametrize("weight_major", [False, True], ids=["activation-major", "weight-major"])
 @pytest.mark.parametrize("kv_heads", [None, 2], ids=["mha-untied", "gqa-tied-theta500"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -28,11 +37,7 @@ def test_logits_equal_transformers_on_a_left_padded_batch(tokenizer, arch, kv_he
     continuations = torch.randint(4, len(tokenizer), (3 * repeats, steps), generator=torch.Generator().manual_seed(0))
     logits = [decoder.prefill(prompts, mask, max_new_tokens=steps, repeats=repeats)]
     logits += [decoder.decode(continuations[:, t]).clone() for t in range(steps)]  # decode reuses its buffer
-    ids = torch.cat([prompts.repeat_interleave(repeats, 0), continuations], 1)
-    full_mask = torch.cat([mask.repeat_interleave(repeats, 0), torch.ones_like(continuations)], 1)
-    with torch.no_grad():
-        positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
-        reference = model(input_ids=ids, attention_mask=full_mask, position_ids=positions).logits
+    reference = transformers_logits(model, prompts, mask, continuations, repeats)
     for t, got in enumerate(logits):
         torch.testing.assert_close(got, reference[:, prompts.shape[1] - 1 + t], atol=1e-5, rtol=0)
 
@@ -53,11 +58,7 @@ def test_a_prefix_all_prompts_share_is_encoded_once_and_gives_transformers_logit
     # the shared tokens (here 6, the longest prefix that leaves each prompt one of its own) once, the rest per prompt
     assert decoder.prefilled_tokens == len(system) + sum(len(r) - len(system) for r in rows)
     logits += [decoder.decode(continuations[:, t]).clone() for t in range(steps)]
-    ids = torch.cat([prompts.repeat_interleave(repeats, 0), continuations], 1)
-    full_mask = torch.cat([mask.repeat_interleave(repeats, 0), torch.ones_like(continuations)], 1)
-    with torch.no_grad():
-        positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
-        reference = model(input_ids=ids, attention_mask=full_mask, position_ids=positions).logits
+    reference = transformers_logits(model, prompts, mask, continuations, repeats)
     for t, got in enumerate(logits):
         torch.testing.assert_close(got, reference[:, width - 1 + t], atol=1e-5, rtol=0)
     # prompts alike in fewer than MIN_SHARED tokens are encoded whole, as before
