@@ -8,14 +8,13 @@ docs/real-models.md."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from posttrain.train.rl_config import load_rl_config
+from tests.examples import load_example as load_examples_module
 
 pytest.importorskip("reasoning_gym", reason="needs reasoning-gym: pip install 'posttrain[tasks]'")
 
@@ -24,12 +23,7 @@ TEMPLATE = (ROOT / "tests" / "envs" / "templates" / "chatml.jinja").read_text()
 
 
 def load_example():
-    path = ROOT / "examples" / "smollm2_tool.py"
-    spec = importlib.util.spec_from_file_location("posttrain_example_smollm2_tool", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_examples_module("smollm2_tool")
 
 
 def test_the_config_plays_the_calculator_in_smollm2s_format_on_problems_with_their_parentheses():
