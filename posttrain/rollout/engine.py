@@ -21,6 +21,7 @@ from posttrain.rollout.projections import unsupported_reason
 from posttrain.rollout.sampling import SamplingWorkspace, choose_by
 from posttrain.rollout.static_decode import StaticDecoding, StepOutputs
 from posttrain.rollout.stops import StopStrings, stop_id_tensor
+from posttrain.rollout.turn_cache import KeptRows
 from posttrain.rollout.types import Rollouts, SamplingParams
 from posttrain.rollout.weight_mailbox import WeightMailbox
 
@@ -106,6 +107,7 @@ class LocalEngine:
         self.model, self.tokenizer, self.decoder, self.static = model, tokenizer, decoder, static
         self.policy_version = policy_version
         self.mailbox = mailbox
+        self.kept: KeptRows | None = None  # the last call's rows, when it asked to keep them
         self.pad_id: int = tokenizer.pad_token_id
         self.eos_id: int | None = tokenizer.eos_token_id
         if self.pad_id is None:
@@ -134,7 +136,8 @@ class LocalEngine:
             self.model.eval()
         try:
             with torch.inference_mode():
-                if static:
+                if static:  # its fixed-shape cache keeps nothing between calls
+                    self.kept = None
                     out = self._sample_fixed_shapes(prompt_ids, prompt_mask, sampling)
                 else:
                     trace = self._sample(prompt_ids, prompt_mask, sampling)
@@ -155,6 +158,8 @@ class LocalEngine:
             rows, step_tokens, step_logprobs, hits, versions, masks = trace
             batch = prompt_ids.shape[0] * sampling.n
             tokens, logprobs, stops = _scatter(self.pad_id, batch, rows, step_tokens, step_logprobs, hits)
+            if self.kept is not None:
+                self.kept.name_tokens(prompt_ids, prompt_mask, sampling.n, tokens)
         rollouts = self._assemble(prompt_ids, prompt_mask, sampling.n, tokens, logprobs, stops, versions)
         if not static and masks[0] is not None:
             width = rollouts.response_ids.shape[1]
@@ -172,9 +177,17 @@ class LocalEngine:
         """A sampled pad would read as padding: never choose it (unless it is also EOS)."""
         return self.pad_id if self.pad_id != self.eos_id else None
 
+    def drop_kept(self) -> None:
+        """Forget the rows the last call kept (the caller's episodes are over)."""
+        self.kept = None
+
     def _sample(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingParams) -> Trace:
         """The decoding loop. Returns, per step, the batch rows that ran, their tokens,
-        log-probs, stop hits (None when nothing can stop a response) and the weights version."""
+        log-probs, stop hits (None when nothing can stop a response) and the weights version.
+
+        With ``sampling.keep_cache`` every row's keys and values are kept for the next call
+        (``self.kept``; a finished row's when it leaves the batch); rows the last call kept
+        serve this one's prompts that begin with them (rollout/turn_cache.py)."""
         device = next(self.model.parameters()).device
         batch = prompt_ids.shape[0] * sampling.n
         generator = None if sampling.seed is None else torch.Generator(device=device).manual_seed(sampling.seed)
@@ -189,9 +202,14 @@ class LocalEngine:
 
         if self.mailbox is not None:  # weights posted since the caller loaded its own
             self._take_newer_weights()
+        reuse, self.kept = self._reuse(prompt_ids, prompt_mask, sampling), None
         logits = self.decoder.prefill(
-            prompt_ids.to(device), prompt_mask.to(device), sampling.max_new_tokens, repeats=sampling.n
-        )
+            prompt_ids.to(device), prompt_mask.to(device), sampling.max_new_tokens, repeats=sampling.n,
+            **({} if reuse is None else {"reuse": reuse}),
+        )  # fmt: skip
+        keeping = sampling.keep_cache and hasattr(self.decoder, "kept_rows")
+        if keeping:
+            self.kept = KeptRows((self.decoder.weights_mark(), self.policy_version))
         for t in range(sampling.max_new_tokens):
             tokens, logprobs, mask = choose_by(logits, sampling, banned, generator, workspace)
             hit = _stop_hits(tokens, rows, alive, stop_ids, strings)
@@ -207,6 +225,8 @@ class LocalEngine:
                 if live <= len(alive) // 2:
                     # drop finished rows once they are half the batch: decoding them is wasted work
                     keep = torch.nonzero(alive).flatten()
+                    if keeping:
+                        self._keep(torch.nonzero(~alive).flatten(), rows)
                     self.decoder.select(keep)
                     tokens, rows, alive = tokens[keep], rows[keep], alive[keep]
             if self.mailbox is not None and self._take_newer_weights():
@@ -214,7 +234,26 @@ class LocalEngine:
             else:
                 # a finished row that is still in the batch decodes on; its later tokens are masked
                 logits = self.decoder.decode(tokens)
+        if keeping:
+            self._keep(torch.arange(len(rows), device=rows.device), rows)
         return trace
+
+    def _reuse(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingParams) -> Any:
+        """What the rows the last call kept spare this call's prompts, if they are still valid:
+        computed by the weights sampling now, for prompts sampled once each."""
+        kept = self.kept
+        if kept is None or sampling.n != 1:
+            return None
+        mark, version = kept.weights
+        if version != self.policy_version or not self.decoder.same_weights(mark):
+            return None
+        return kept.reuse_for(prompt_ids, prompt_mask)
+
+    def _keep(self, running: Tensor, rows: Tensor) -> None:
+        """Keep the keys and values of the cache rows ``running`` (output rows ``rows[running]``)."""
+        fed = self.decoder.step  # tokens decoded so far: their keys and values are in the cache
+        for row, (keys, values) in zip(rows[running].tolist(), self.decoder.kept_rows(running), strict=True):
+            self.kept.add(row, fed, keys, values)
 
     def _take_newer_weights(self) -> bool:
         """Adopt the mailbox's weights if they are newer than the ones sampling now."""

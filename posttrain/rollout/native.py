@@ -26,12 +26,13 @@ into each projection's effective weight.
 from __future__ import annotations
 
 import itertools
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from posttrain.rollout.prefill_layout import lay_out
 from posttrain.rollout.projections import (
     base_layer,
     effective_weight,
@@ -41,6 +42,9 @@ from posttrain.rollout.projections import (
     is_peft_model,
     unsupported_reason,
 )
+
+if TYPE_CHECKING:
+    from posttrain.rollout.turn_cache import Reuse
 
 WEIGHT_MAJOR_FROM = 512  # hidden size from which decode multiplies weight-major (see linear)
 
@@ -201,13 +205,20 @@ class NativeDecoder:
     def refresh_if_changed(self) -> None:
         """Re-fuse when any parameter was written or replaced, or a LoRA layer switched its
         adapters (on/off, active, merged, scaling), since the last fuse."""
-        (current, adapters), (sources, fused_adapters) = self._fingerprint(), self._sources
-        same = adapters == fused_adapters and len(current) == len(sources)
-        same = same and all(
+        if not self.same_weights(self._sources):
+            self.refresh()
+
+    def weights_mark(self) -> object:
+        """What the weights are now (versions, places, adapter state): :meth:`same_weights` of it
+        later says whether keys and values computed now are still theirs."""
+        return self._fingerprint()
+
+    def same_weights(self, mark: object) -> bool:
+        (current, adapters), (sources, earlier_adapters) = self._fingerprint(), mark  # type: ignore[misc]
+        same = adapters == earlier_adapters and len(current) == len(sources)
+        return same and all(
             a is b and va == vb and pa == pb for (a, va, pa), (b, vb, pb) in zip(current, sources, strict=True)
         )
-        if not same:
-            self.refresh()
 
     # ---- pieces of the forward -------------------------------------------------------------
     def _rotations(self, positions: Tensor) -> Tensor:
@@ -244,6 +255,7 @@ class NativeDecoder:
         max_new_tokens: int,
         repeats: int = 1,
         cache: tuple[Tensor, Tensor] | None = None,
+        reuse: Reuse | None = None,
     ) -> Tensor:
         """Start a batch of left-padded prompts ``input_ids [U, P]`` (``attention_mask [U, P]``,
         1 on real tokens), each continued ``repeats`` times: every prompt is encoded once and
@@ -251,25 +263,21 @@ class NativeDecoder:
         next-token logits ``[U·repeats, V]``, prompt-major.
 
         ``cache``: keys and values ``[layers, ≥ U·repeats, kv_heads, capacity, D]`` to write into
-        (a fixed-shape decoder's, capacity ≥ P + max_new_tokens); by default one is allocated."""
+        (a fixed-shape decoder's, capacity ≥ P + max_new_tokens); by default one is allocated.
+        ``reuse``: keys and values of each prompt's first tokens, computed before (``repeats`` 1;
+        rollout/turn_cache.py): only the tokens after them are encoded."""
         self.refresh_if_changed()
+        lengths = None if reuse is None else reuse.lengths.to(input_ids.device)
+        input_ids, valid, reused, shared = lay_out(input_ids, attention_mask.bool(), lengths, self.MIN_SHARED)
         prompts, length = input_ids.shape
         batch = prompts * repeats
-        kv, d, dtype, device = self.kv_heads, self.head_dim, self.embed.dtype, self.embed.device
-        if cache is None:
-            # empty, not zeros: attention only reads positions already written
-            shape = (len(self.layers), batch, kv, length + max_new_tokens, d)
-            self.keys = torch.empty(shape, dtype=dtype, device=device)
-            self.values = torch.empty(shape, dtype=dtype, device=device)
-        else:
-            self.keys, self.values = cache[0][:, :batch], cache[1][:, :batch]
-        capacity = self.keys.shape[-2]
-        self.layer_keys, self.layer_values = self.keys.unbind(0), self.values.unbind(0)
-        valid = attention_mask.bool()
-        shared = shared_prefix_length(input_ids, valid, self.MIN_SHARED) if prompts > 1 else 0
-        if shared:  # [prefix][pads][rest]: the prefix's columns the same in every row (pads are masked anywhere)
-            input_ids, valid = pads_after_prefix(input_ids, valid, shared)
-        self.prefilled_tokens = shared + int(valid[:, shared:].sum()) if shared else int(valid.sum())
+        dtype, device = self.embed.dtype, self.embed.device
+        capacity = self._take_cache(batch, length + max_new_tokens, cache)
+        if reuse is not None:
+            self._write_reused(reuse, reused)
+        start = shared or reused  # the first column the layers encode
+        self.prefilled_tokens = shared + int(valid[:, start:].sum())
+        self.real_columns = valid.repeat_interleave(repeats, 0)  # each row's, for kept_rows
         positions = valid.long().cumsum(-1).sub_(1).clamp_(min=0)
         # decoding step t of a row sits at position (real prompt tokens) + t
         steps = positions[:, -1:] + 1 + torch.arange(max_new_tokens, device=positions.device)
@@ -279,7 +287,7 @@ class NativeDecoder:
         # (finite) instead of to nothing (NaN) — its output is never read
         minimum = torch.finfo(dtype).min
         self.decode_bias = torch.zeros(batch, 1, 1, capacity, dtype=dtype, device=device)
-        self.decode_bias[..., :length].masked_fill_(~valid.repeat_interleave(repeats, 0)[:, None, None], minimum)
+        self.decode_bias[..., :length].masked_fill_(~self.real_columns[:, None, None], minimum)
         causal = torch.ones(length, length, dtype=torch.bool, device=valid.device).tril()
         allowed = causal & valid[:, None, None, :]  # [U, 1, P, P]
         bias = torch.full(allowed.shape, minimum, dtype=dtype, device=valid.device).masked_fill_(allowed, 0.0)
@@ -288,7 +296,7 @@ class NativeDecoder:
             self._prefill_layers(self.embed[input_ids[:1, :shared]], rotations[:1, :shared],
                                  bias[:1, :, :shared, :shared], prompts * repeats)  # fmt: skip
         hidden = self._prefill_layers(
-            self.embed[input_ids[:, shared:]], rotations[:, shared:], bias[:, :, shared:], repeats, start=shared
+            self.embed[input_ids[:, start:]], rotations[:, start:], bias[:, :, start:], repeats, start=start
         )
         logits = F.linear(F.rms_norm(hidden, (self.hidden,), self.final_norm, self.eps), self.lm_head)
         if cache is None:  # decode's logits go to the same memory every step (see SamplingWorkspace for why)
@@ -296,6 +304,18 @@ class NativeDecoder:
             self.logits = torch.empty(batch, vocab, dtype=logits.dtype, device=logits.device)
             self.logits_t = torch.empty(min(vocab, self.LOGIT_CHUNK) * batch, dtype=logits.dtype, device=logits.device)
         return logits.repeat_interleave(repeats, 0)
+
+    def _take_cache(self, batch: int, width: int, cache: tuple[Tensor, Tensor] | None) -> int:
+        """The batch's keys and values: ``cache``'s first rows, else new ones ``width`` wide; their capacity."""
+        if cache is None:
+            # empty, not zeros: attention only reads positions already written
+            shape = (len(self.layers), batch, self.kv_heads, width, self.head_dim)
+            self.keys = torch.empty(shape, dtype=self.embed.dtype, device=self.embed.device)
+            self.values = torch.empty(shape, dtype=self.embed.dtype, device=self.embed.device)
+        else:
+            self.keys, self.values = cache[0][:, :batch], cache[1][:, :batch]
+        self.layer_keys, self.layer_values = self.keys.unbind(0), self.values.unbind(0)
+        return self.keys.shape[-2]
 
     def _prefill_layers(self, hidden: Tensor, rotations: Tensor, bias: Tensor, repeats: int, start: int = 0) -> Tensor:
         """Run the layers on ``hidden [U, P, H]``, the prompts' positions from ``start`` on (those
@@ -425,11 +445,32 @@ class NativeDecoder:
         freed = sum(t.untyped_storage().nbytes() for t in held if t.data_ptr() not in model_weights)
         self.keys = self.values = self.logits = self.logits_t = None
         self.layer_keys = self.layer_values = ()
-        self.step_rotations = self.decode_bias = None
+        self.step_rotations = self.decode_bias = self.real_columns = None
         if not keep_weights:
             self.layers, self._copies = [], {}
             self._sources = ([], [])  # matches no model: the next prefill derives the weights again
         return freed
+
+    def _write_reused(self, reuse: Reuse, width: int) -> None:
+        """Row b's kept keys and values into its first ``reuse.lengths[b]`` cache columns, zeros
+        up to ``width``: masked columns nothing else writes (a masked weight is 0, but 0 × the
+        NaN that unwritten memory may hold is NaN)."""
+        for row, (n, keys, values) in enumerate(zip(reuse.lengths.tolist(), reuse.keys, reuse.values, strict=True)):
+            if n:
+                self.keys[:, row, :, :n] = keys[:, :, :n]
+                self.values[:, row, :, :n] = values[:, :, :n]
+            self.keys[:, row, :, n:width] = 0
+            self.values[:, row, :, n:width] = 0
+
+    def kept_rows(self, rows: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Copies of the keys and values the cache rows ``rows`` hold for their real tokens in
+        order — the prompt's, then every token decoded so far: ``[layers, kv heads, n, D]``."""
+        decoded = torch.arange(self.real_columns.shape[1], self.length, device=self.keys.device)
+        kept = []
+        for row in rows.tolist():
+            columns = torch.cat([self.real_columns[row].nonzero().flatten(), decoded])
+            kept.append((self.keys[:, row].index_select(2, columns), self.values[:, row].index_select(2, columns)))
+        return kept
 
     @torch.inference_mode()
     def select(self, rows: Tensor) -> None:
@@ -455,30 +496,4 @@ class NativeDecoder:
             self.keys, self.values = keys, values
         self.layer_keys, self.layer_values = self.keys.unbind(0), self.values.unbind(0)
         self.step_rotations, self.decode_bias = self.step_rotations[rows], self.decode_bias[rows]
-
-
-def shared_prefix_length(input_ids: Tensor, valid: Tensor, minimum: int) -> int:
-    """How many first tokens all left-padded prompts ``input_ids [U, P]`` have alike (a system
-    message, a few-shot prefix, an episode's first turns), leaving each at least one of its own;
-    0 when fewer than ``minimum``."""
-    lengths = valid.sum(-1)
-    most = int(lengths.min()) - 1
-    if most < minimum:
-        return 0
-    starts = input_ids.shape[1] - lengths
-    aligned = input_ids.gather(1, starts[:, None] + torch.arange(most, device=input_ids.device))  # [U, most]
-    alike = (aligned == aligned[:1]).all(0)
-    shared = most if bool(alike.all()) else int((~alike).nonzero()[0])
-    return shared if shared >= minimum else 0
-
-
-def pads_after_prefix(input_ids: Tensor, valid: Tensor, shared: int) -> tuple[Tensor, Tensor]:
-    """Left-padded prompts re-laid as ``[shared prefix][pads][the rest]``: the same width, each
-    token keeping its position (positions count real tokens), the prefix in the same columns of
-    every row so one encoding of it serves all."""
-    width = input_ids.shape[1]
-    pads = width - valid.sum(-1, keepdim=True)  # [U, 1]
-    column = torch.arange(width, device=input_ids.device)[None]
-    in_pads = (column >= shared) & (column < shared + pads)
-    source = torch.where(column < shared, pads + column, column).clamp_(max=width - 1)
-    return input_ids.gather(1, source).masked_fill_(in_pads, 0), ~in_pads
+        self.real_columns = self.real_columns[rows]

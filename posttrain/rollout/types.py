@@ -46,6 +46,10 @@ class SamplingParams:
     sampling_mask: bool = False
     """Also return each sampled token's kept set under top-k/top-p/min-p
     (``Rollouts.extras["sampling_mask"]``), so the trainer can renormalise over it."""
+    keep_cache: bool = False
+    """The next call may continue these rows (a multi-turn episode's next turn): an engine that
+    can keeps their keys and values until then, and encodes only what the next prompts add
+    (rollout/turn_cache.py). Changes no result beyond float rounding."""
 
     def __post_init__(self) -> None:
         if self.n < 1 or self.max_new_tokens < 1:

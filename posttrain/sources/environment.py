@@ -284,7 +284,9 @@ class EnvironmentSource:
             contexts = [play.episode.ids for play in active]
             # a group's episodes start alike: each first context prefilled once, sampled n times
             n = repeat_count(contexts)
-            sampling = self.plan.params(seed=seed, n=n, max_new_tokens=max(budgets), greedy=greedy)
+            # a turn that more may follow keeps its keys and values: the next prompts begin with them
+            more = turn < self.env.max_turns
+            sampling = self.plan.params(seed=seed, n=n, max_new_tokens=max(budgets), greedy=greedy, keep_cache=more)
             t0 = time.perf_counter()
             rollouts = self.engine.generate(contexts[::n], sampling)
             generate_s += time.perf_counter() - t0
@@ -313,6 +315,8 @@ class EnvironmentSource:
                 play.track([], len(play.episode.ids))
                 if play.episode.continues_as_new_sample:
                     play.continue_as_new_sample()
+        if (drop_kept := getattr(self.engine, "drop_kept", None)) is not None:  # an engine that keeps turns
+            drop_kept()
         return generate_s
 
     # ------------------------------------------------------------------ the batch

@@ -32,7 +32,13 @@ class SamplingPlan:
     sampling_mask: bool = False
 
     def params(
-        self, *, seed: int, n: int = 1, max_new_tokens: int | None = None, greedy: bool = False
+        self,
+        *,
+        seed: int,
+        n: int = 1,
+        max_new_tokens: int | None = None,
+        greedy: bool = False,
+        keep_cache: bool = False,
     ) -> SamplingParams:
         """The engine's sampling parameters of one call (the plan's temperature, truncation and stops)."""
         return SamplingParams(
@@ -45,6 +51,7 @@ class SamplingPlan:
             stop_strings=self.stop,
             seed=seed,
             sampling_mask=self.sampling_mask and not greedy,
+            keep_cache=keep_cache,
         )
 
 
