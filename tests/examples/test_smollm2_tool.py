@@ -89,6 +89,7 @@ def test_the_recipe_records_a_cold_start_then_trains_with_the_tool_and_measures_
         assert {"greedy", "greedy_stderr", "episodes_with_a_call"} <= set(figures["tools_off"]) <= set(figures)
         assert set(figures["reworded"]) == set(figures["tools_off"])
     assert summary["rl_gain"]["gain"] == summary["after_rl"]["greedy"] - summary["after_sft"]["greedy"]
+    after_rl_off = summary["after_rl"]["tools_off"]["greedy"]
     after_rl = summary["after_rl"]
     assert summary["tools_off_loss"]["gain"] == after_rl["greedy"] - after_rl["tools_off"]["greedy"]
     assert set(summary["shipped_without_tools"]) >= {"greedy", "greedy_stderr", "mean@4", "mean@4_stderr"}
@@ -103,6 +104,10 @@ def test_the_recipe_records_a_cold_start_then_trains_with_the_tool_and_measures_
     assert 0.0 <= summary["plain_transformers"]["greedy"] <= 1.0
     assert "smollm2_tool.png" in (run / "grpo" / "report.html").read_text()
     assert json.loads((run / "summary.json").read_text()) == json.loads(json.dumps(summary))
+    # the README's table, from the summary: a row per figure, the seed's cell in each
+    table = load_examples_module("smollm2_tool_table").table({"1": summary}).splitlines()
+    assert table[0] == "| 300 held-out problems | seed 1 |" and len(table) == 2 + 16
+    assert f"| after GRPO, tools off: greedy | {100 * after_rl_off:.1f}%" in "\n".join(table)
     # a second run reads every finished stage back
     metrics = (run / "grpo" / "metrics.jsonl").stat().st_mtime_ns
     assert example.main([*argv, "--rl", *SMALL_RL, "--sft", *SMALL_SFT])["after_rl"] == summary["after_rl"]
