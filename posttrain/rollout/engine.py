@@ -136,8 +136,7 @@ class LocalEngine:
             self.model.eval()
         try:
             with torch.inference_mode():
-                if static:  # its fixed-shape cache keeps nothing between calls
-                    self.kept = None
+                if static:
                     out = self._sample_fixed_shapes(prompt_ids, prompt_mask, sampling)
                 else:
                     trace = self._sample(prompt_ids, prompt_mask, sampling)
@@ -158,8 +157,8 @@ class LocalEngine:
             rows, step_tokens, step_logprobs, hits, versions, masks = trace
             batch = prompt_ids.shape[0] * sampling.n
             tokens, logprobs, stops = _scatter(self.pad_id, batch, rows, step_tokens, step_logprobs, hits)
-            if self.kept is not None:
-                self.kept.name_tokens(prompt_ids, prompt_mask, sampling.n, tokens)
+        if self.kept is not None:
+            self.kept.name_tokens(prompt_ids, prompt_mask, sampling.n, tokens)
         rollouts = self._assemble(prompt_ids, prompt_mask, sampling.n, tokens, logprobs, stops, versions)
         if not static and masks[0] is not None:
             width = rollouts.response_ids.shape[1]
@@ -171,7 +170,11 @@ class LocalEngine:
         stop_ids = stop_id_tensor(self.eos_id, sampling.stop_token_ids)
         batch = prompt_ids.shape[0] * sampling.n
         strings = StopStrings(self.tokenizer, sampling.stop_strings, batch) if sampling.stop_strings else None
-        return self.static.sample(prompt_ids, prompt_mask, sampling, stop_ids, self._banned_token(), strings)
+        reuse = self._reuse(prompt_ids, prompt_mask, sampling)
+        self.kept = KeptRows((self.decoder.weights_mark(), self.policy_version)) if sampling.keep_cache else None
+        return self.static.sample(
+            prompt_ids, prompt_mask, sampling, stop_ids, self._banned_token(), strings, reuse=reuse, keep=self.kept
+        )
 
     def _banned_token(self) -> int | None:
         """A sampled pad would read as padding: never choose it (unless it is also EOS)."""

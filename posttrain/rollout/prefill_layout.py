@@ -61,6 +61,11 @@ def pads_after_prefix(input_ids: Tensor, valid: Tensor, shared: int) -> tuple[Te
     return input_ids.gather(1, source).masked_fill_(in_pads, 0), ~in_pads
 
 
+def reused_width(valid: Tensor, reused: Tensor) -> int:
+    """How many columns :func:`reuse_layout` lays the prompts out in."""
+    return int(reused.max()) + int((valid.long().sum(-1) - reused.to(valid.device)).max())
+
+
 def reuse_layout(input_ids: Tensor, valid: Tensor, reused: Tensor) -> tuple[Tensor, Tensor, int]:
     """Left-padded prompts ``input_ids [U, P]`` re-laid as ``[reused][pads][the rest]``: row b's
     first ``reused[b]`` real tokens in columns ``[0, reused[b])``, its other tokens ending at the

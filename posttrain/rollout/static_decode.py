@@ -35,6 +35,11 @@ eagerly, which is what the CPU tests compare against.
 - **Stop strings** are decoded on the host at each look, for the steps since the last one; a
   row whose text ended is marked stopped at the step that completed the string.
 
+- **Turns**: prompts may begin with rows a previous call kept (rollout/turn_cache.py): the
+  prefill writes their keys and values and encodes the rest; with ``keep`` the rows' own are
+  copied out when they leave the batch (a smaller bucket) and at its end — the bias tells a
+  row's written positions from its padding.
+
 Not taken here (the engine's step-by-step loop runs it): a generation that switches weights
 mid-way (``rollout.interrupt``).
 """
@@ -47,8 +52,10 @@ import torch
 from torch import Tensor
 
 from posttrain.rollout.native import NativeDecoder
+from posttrain.rollout.prefill_layout import reused_width
 from posttrain.rollout.sampling import Choice, choose_by
 from posttrain.rollout.stops import StopStrings
+from posttrain.rollout.turn_cache import KeptRows, Reuse
 from posttrain.rollout.types import SamplingParams
 
 CAPACITY_STEP = 128  # cache positions are allocated in multiples of this, so most batches fit the last size
@@ -138,28 +145,22 @@ class StaticDecoding:
         stop_ids: Tensor | None,
         banned: int | None,
         strings: StopStrings | None = None,
+        reuse: Reuse | None = None,
+        keep: KeptRows | None = None,
     ) -> StepOutputs:
         """Sample ``sampling.n`` responses per left-padded prompt; outputs ``[U·n, steps]``,
-        cut where every row had stopped (rows run on after their stop; the caller cuts them)."""
+        cut where every row had stopped (rows run on after their stop; the caller cuts them).
+        ``reuse``: kept keys and values the prompts begin with; ``keep``: where this batch's go."""
         d, batch = self.decoder, prompt_ids.shape[0] * sampling.n
-        length, new = prompt_ids.shape[1], sampling.max_new_tokens
+        new = sampling.max_new_tokens
+        length = prompt_ids.shape[1] if reuse is None else reused_width(prompt_mask, reuse.lengths)
         self._reserve(bucket_for(batch), length + new)
         generator = None if sampling.seed is None else self.generator.manual_seed(sampling.seed)
         rules = _Rules(sampling, self._constant(stop_ids), banned, generator)
         logits = d.prefill(
-            prompt_ids.to(self.device), prompt_mask.to(self.device), new, sampling.n, (self.keys, self.values)
+            prompt_ids.to(self.device), prompt_mask.to(self.device), new, sampling.n, (self.keys, self.values), reuse
         )
-        self.bias[:batch] = d.decode_bias
-        self.bias[:batch, ..., length:] = torch.finfo(self.bias.dtype).min  # unmasked step by step
-        self.rotations[:batch, :new] = d.step_rotations
-        self.length.fill_(length)
-        self.step.fill_(0)
-        d.release(keep_weights=True)  # the prefill's own buffers; the cache is ours
-        self.out_row.fill_(self.rows)  # padding rows write to the spare output row
-        self.out_row[:batch] = torch.arange(batch, device=self.device)
-        self.finished.fill_(True)
-        self.finished[:batch] = False
-        self.out_stops[:batch, :new] = False  # the last batch's stops must not cut this one
+        self._start(batch, length, new)
         self._record(logits, batch, rules)  # the first token, from the prefill's logits
         width, steps, looked = bucket_for(batch), new, 0
         done = torch.zeros(batch, dtype=torch.bool)  # rows a stop string has ended (host side)
@@ -177,12 +178,48 @@ class StaticDecoding:
                 steps = step + 1
                 break
             if bucket_for(live) < width:
+                if keep is not None:  # the rows about to be overwritten
+                    self._keep(keep, torch.nonzero(self.finished[:width]).flatten())
                 width = self._compact(width, bucket_for(live))
         if strings is not None and looked < steps:  # a batch of one step
             self._look_for_strings(strings, done, looked, steps, width)
+        if keep is not None:
+            self._keep(keep, torch.arange(width, device=self.device))
         return StepOutputs(
             self.out_tokens[:batch, :steps], self.out_logprobs[:batch, :steps], self.out_stops[:batch, :steps]
         )
+
+    def _start(self, batch: int, length: int, new: int) -> None:
+        """The buffers of a batch of ``batch`` rows whose prefill filled ``length`` positions."""
+        d = self.decoder
+        self.bias[:batch] = d.decode_bias
+        self.bias[:batch, ..., length:] = torch.finfo(self.bias.dtype).min  # unmasked step by step
+        self.rotations[:batch, :new] = d.step_rotations
+        self.length.fill_(length)
+        self.step.fill_(0)
+        d.release(keep_weights=True)  # the prefill's own buffers; the cache is ours
+        self.out_row.fill_(self.rows)  # padding rows write to the spare output row
+        self.out_row[:batch] = torch.arange(batch, device=self.device)
+        self.finished.fill_(True)
+        self.finished[:batch] = False
+        self.out_stops[:batch, :new] = False  # the last batch's stops must not cut this one
+
+    def _keep(self, keep: KeptRows, rows: Tensor) -> None:
+        """Copies of the keys and values of cache ``rows`` (padding rows skipped) for ``keep``:
+        the positions each row attends to, the prompt's real tokens then those decoded."""
+        decoded = int(self.step) - 1  # the last chosen token is not in the cache yet
+        end = int(self.length) + decoded
+        for row in rows.tolist():
+            output = int(self.out_row[row])
+            if output == self.rows:
+                continue
+            columns = torch.nonzero(self.bias[row, 0, 0, :end] == 0).flatten()
+            keep.add(
+                output,
+                decoded,
+                self.keys[:, row].index_select(2, columns),
+                self.values[:, row].index_select(2, columns),
+            )
 
     def _record(self, logits: Tensor, width: int, rules: _Rules) -> None:
         """Choose the next token of the first ``width`` rows from ``logits`` and write it out."""

@@ -4,10 +4,12 @@ prefill of them samples."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from posttrain.rollout.engine import build_engine, left_pad
+from posttrain.rollout.engine import LocalEngine, build_engine, left_pad
 from posttrain.rollout.native import NativeDecoder
+from posttrain.rollout.static_decode import StaticDecoding
 from posttrain.rollout.turn_cache import KeptRows
 from posttrain.rollout.types import SamplingParams
 from tests.rollout.conftest import tiny_model
@@ -30,9 +32,18 @@ def next_turn_prompts(first: list[list[int]], rollouts, n: int) -> list[list[int
     return prompts
 
 
-def test_a_next_turn_encodes_only_what_it_adds_and_samples_what_a_full_prefill_samples(tokenizer):
+def engine_of(model, tokenizer, kind: str) -> LocalEngine:
+    """The native engine decoding step by step, or with fixed shapes (CUDA graphs on a GPU; eager here)."""
+    if kind == "step_by_step":
+        return build_engine(model, tokenizer, "native")
+    decoder = NativeDecoder(model)
+    return LocalEngine(model, tokenizer, decoder, static=StaticDecoding(decoder, graphs=False))
+
+
+@pytest.mark.parametrize("kind", ["step_by_step", "fixed_shapes"])
+def test_a_next_turn_encodes_only_what_it_adds_and_samples_what_a_full_prefill_samples(tokenizer, kind):
     model = tiny_model(tokenizer, "qwen2", kv_heads=2)
-    engine = build_engine(model, tokenizer, "native")
+    engine = engine_of(model, tokenizer, kind)
     first, n = first_turn_prompts(len(tokenizer)), 2
     turn = engine.generate(first, SamplingParams(n=n, max_new_tokens=10, seed=0, stop_token_ids=STOPS, keep_cache=True))
     assert 0 < int(turn.response_lengths.min()) < int(turn.response_lengths.max())  # rows left the batch early
@@ -50,9 +61,10 @@ def test_a_next_turn_encodes_only_what_it_adds_and_samples_what_a_full_prefill_s
     torch.testing.assert_close(reused.logprobs, full.logprobs, atol=1e-5, rtol=0)
 
 
-def test_kept_rows_serve_only_the_weights_that_computed_them(tokenizer):
+@pytest.mark.parametrize("kind", ["step_by_step", "fixed_shapes"])
+def test_kept_rows_serve_only_the_weights_that_computed_them(tokenizer, kind):
     model = tiny_model(tokenizer, "llama")
-    engine = build_engine(model, tokenizer, "native")
+    engine = engine_of(model, tokenizer, kind)
     first = first_turn_prompts(len(tokenizer))
     turn = engine.generate(first, SamplingParams(max_new_tokens=5, seed=0, keep_cache=True))
     second = next_turn_prompts(first, turn, 1)
