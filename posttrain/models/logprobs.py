@@ -107,9 +107,9 @@ def response_logprobs(
         head = _plain_lm_head(model)
         hidden = model.get_decoder()(**inputs).last_hidden_state[:, start - 1 : -1]  # t predicts t + 1
         flat = hidden.reshape(-1, hidden.shape[-1])
-        logprobs, entropies = chunked_logprobs(
+        logprobs, entropies = scored_logprobs(
             flat, tokens.reshape(-1), head, head.weight.shape[0], temperature, chunk_size, with_entropy,
-            support=_flat_support(support),
+            support=_flat_support(support), scored=None if response_mask is None else response_mask.reshape(-1),
         )  # fmt: skip
         logprobs = logprobs.view(tokens.shape)
         entropies = None if entropies is None else entropies.view(tokens.shape)
@@ -208,6 +208,31 @@ def chunked_logprobs(
         empty = inputs.new_zeros(0, dtype=torch.float32)
         return empty, empty if entropy else None
     return torch.cat(logprobs), torch.cat(entropies) if entropy else None
+
+
+def scored_logprobs(
+    inputs: Tensor,
+    tokens: Tensor,
+    to_logits: nn.Module,
+    vocab_size: int,
+    temperature: float,
+    chunk_size: int | None,
+    entropy: bool,
+    *,
+    support: Tensor | None = None,
+    scored: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`chunked_logprobs` at the positions ``scored [N]`` marks (nonzero; None: all), 0
+    elsewhere: the output layer runs only where a token is scored — not on padding, nor on an
+    environment's tokens, which are most of a tool episode's response positions."""
+    rules = (to_logits, vocab_size, temperature, chunk_size, entropy)
+    if scored is None:
+        return chunked_logprobs(inputs, tokens, *rules, support=support)
+    index = scored.nonzero().flatten()
+    picked = None if support is None else support[index]
+    logprobs, entropies = chunked_logprobs(inputs[index], tokens[index], *rules, support=picked)
+    spread = inputs.new_zeros(inputs.shape[0], dtype=logprobs.dtype)
+    return spread.index_copy(0, index, logprobs), None if entropies is None else spread.index_copy(0, index, entropies)
 
 
 def _flat_support(support: Tensor | None) -> Tensor | None:
@@ -311,9 +336,9 @@ def shared_prompt_logprobs(
     to_logits = nn.Identity() if head is None else head
     vocab = outputs.shape[-1] if head is None else head.weight.shape[0]
     flat = outputs.reshape(-1, outputs.shape[-1])
-    logprobs, entropies = chunked_logprobs(
+    logprobs, entropies = scored_logprobs(
         flat, response_ids.reshape(-1), to_logits, vocab, temperature, chunk_size, with_entropy,
-        support=_flat_support(support),
+        support=_flat_support(support), scored=response_mask.reshape(-1),
     )  # fmt: skip
     logprobs = logprobs.view(response_ids.shape) * response_mask
     return logprobs, None if entropies is None else entropies.view(response_ids.shape) * response_mask

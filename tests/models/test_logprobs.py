@@ -5,7 +5,9 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from posttrain.models.logprobs import (
+    chunked_logprobs,
     response_logprobs,
+    scored_logprobs,
     token_entropies,
     token_logprobs,
     token_logprobs_and_entropies,
@@ -123,6 +125,27 @@ def test_gradients_equal_naive_and_backward_keeps_no_full_vocabulary_tensor():
     naive_lp, naive_h = naive_logprobs_and_entropy(logits, tokens)
     ((naive_lp + 0.1 * naive_h) * weights).sum().backward()
     torch.testing.assert_close(chunked_grad, logits.grad, atol=1e-6, rtol=0)
+
+
+def test_the_output_layer_runs_only_at_scored_positions_and_gives_what_it_gives_everywhere():
+    """An environment's tokens and padding are never scored: the head skips them (zeros there),
+    and where it runs the values and the gradients are those of every position's pass."""
+    g = torch.Generator().manual_seed(5)
+    hidden = torch.randn(12, 16, generator=g).requires_grad_()
+    head = torch.nn.Linear(16, 50, bias=False)
+    tokens = torch.randint(0, 50, (12,), generator=g)
+    scored = torch.tensor([1, 1, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0], dtype=torch.float32)
+    seen = []
+    head.register_forward_hook(lambda module, args, out: seen.append(args[0].shape[0]))
+    lp, h = scored_logprobs(hidden, tokens, head, 50, 0.7, 4, True, scored=scored)
+    assert sum(seen) == 5  # the five scored positions, in chunks of 4
+    ((lp + 0.1 * h) * torch.arange(12.0)).sum().backward()
+    grad, hidden.grad = hidden.grad, None
+    every_lp, every_h = chunked_logprobs(hidden, tokens, head, 50, 0.7, 4, True)
+    ((every_lp + 0.1 * every_h) * scored * torch.arange(12.0)).sum().backward()
+    torch.testing.assert_close(lp, every_lp * scored, atol=1e-6, rtol=0)
+    torch.testing.assert_close(h, every_h * scored, atol=1e-6, rtol=0)
+    torch.testing.assert_close(grad, hidden.grad, atol=1e-6, rtol=0)
 
 
 def tiny_lm(tied: bool):
