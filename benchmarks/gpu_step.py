@@ -220,10 +220,25 @@ def case_checks(args: argparse.Namespace, device: torch.device) -> None:
     worst, _ = full_forward_gap(model, rebound)
     recaptured = graphed.static.captures > captures or not graphs
     check("rebound_parameter_seen", worst <= args.tolerance and recaptured, max_abs=worst)
+    turn_cache_check(graphed, eager, batch, stopping, args.tolerance)
     shadow = engine(model, graphs, dtype=torch.bfloat16)
     worst, mean = full_forward_gap(model, shadow.generate(batch, sampling))
     check("bf16_copies_gap", mean < 0.05, max_abs=worst, mean_abs=mean)
     packed_checks(model, shadow.generate(batch, sampling))
+
+
+def turn_cache_check(graphed: LocalEngine, eager: LocalEngine, batch: list, first: SamplingParams, tolerance: float):
+    """A second turn that reuses the first's kept keys and values (rollout/turn_cache.py; rows
+    copied out of the graphed buckets as they shrink) against the eager engine encoding it all."""
+    turn = graphed.generate(batch, SamplingParams(**{**first.__dict__, "keep_cache": True}))
+    replies = [turn.response_ids[row, : int(n)].tolist() for row, n in enumerate(turn.response_lengths)]
+    second = [batch[row // first.n] + reply + [5, 6, 7] for row, reply in enumerate(replies)]
+    sampling = SamplingParams(max_new_tokens=16, greedy=True)
+    reused, encoded = graphed.generate(second, sampling), graphed.decoder.prefilled_tokens
+    full = eager.generate(second, sampling)
+    gap = float((reused.logprobs - full.logprobs).abs().max())
+    passed = torch.equal(reused.response_ids, full.response_ids) and gap <= tolerance and encoded < 8 * len(second)
+    check("turn_cache_equals_a_full_prefill", passed, max_abs=gap, encoded=encoded, full=sum(map(len, second)))
 
 
 def packed_checks(model: torch.nn.Module, out: Rollouts) -> None:
