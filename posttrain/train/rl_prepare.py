@@ -122,9 +122,7 @@ def _sequence_logprobs(
     # off), so responses would not see the encoded prompt: it takes the full forward instead
     checkpointed = model.training and activation_checkpointing(model)
     if config.shared_prompt_forward and not checkpointed:
-        groups, prompt_index = torch.unique(batch.group_ids, return_inverse=True)
-        first = torch.full((groups.numel(),), len(batch), dtype=torch.long, device=groups.device)
-        first = first.scatter_reduce(0, prompt_index, torch.arange(len(batch), device=groups.device), "amin")
+        first, prompt_index = distinct_prompts(batch.prompt_ids, batch.prompt_mask)
         return shared_prompt_logprobs(
             model,
             batch.prompt_ids[first],
@@ -147,6 +145,23 @@ def _sequence_logprobs(
         lm_head_chunks=output_layer(model) is not None,  # never the [B, T, V] logits
         support=support,
     )
+
+
+def distinct_prompts(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Each distinct left-padded prompt's first row ``[U]`` and each row's prompt ``[B]``, in order
+    of first appearance. A group's samples usually share their prompt, but not always: an
+    episode split where the chat template rewrote history goes on as a sample of its group whose
+    prompt is the conversation so far, and an environment may draw each episode's first
+    observation — so prompts are told apart by their tokens, not by their group."""
+    rows = torch.cat([prompt_ids, prompt_mask.long()], dim=1)
+    _, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    count, batch = int(inverse.max()) + 1, rows.shape[0]
+    first = torch.full((count,), batch, dtype=torch.long, device=rows.device)
+    first = first.scatter_reduce(0, inverse, torch.arange(batch, device=rows.device), "amin")
+    order = first.argsort()
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(count, device=rows.device)
+    return first[order], rank[inverse]
 
 
 class BatchPreparer:

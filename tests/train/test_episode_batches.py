@@ -87,6 +87,22 @@ def test_sampled_tokens_see_the_environment_turns_and_only_they_are_scored(share
     assert (without_observations[0, 4] - logprobs[0, 4]).abs() > 1e-4
 
 
+def test_samples_of_one_group_with_their_own_prompts_are_each_scored_after_their_own():
+    """A group's samples may begin differently: an episode split where the chat template rewrote
+    history (``on_prefix_mismatch: new_sample``) goes on as a sample of the same group whose prompt
+    is the conversation so far; an environment may draw each episode's first observation. The
+    shared prompt forward encodes each distinct prompt once, not each group's first."""
+    model = build_tiny_causal_lm(VOCAB, layers=2, hidden=32, heads=4, seed=0).eval()
+    config = load_rl_config(None, [*BASE, "shared_prompt_forward=true"])
+    batch = episode_batch()
+    batch.group_ids = torch.tensor([0, 0, 0])  # the third sample's prompt is not the group's first
+    with torch.no_grad():
+        logprobs, _ = sequence_logprobs(model, batch, config)
+    prompt, response = EPISODES[2]
+    expected = unpadded_logprobs(model, prompt, response)
+    assert logprobs[2, : len(response)].tolist() == pytest.approx(expected, abs=2e-5)
+
+
 def test_a_trimmed_episode_keeps_its_environment_turns():
     batch = episode_batch()
     batch.response_attention[:, -1] = 0  # a padding column no row uses
