@@ -153,10 +153,12 @@ def rl_plan(config: Any, shape: ModelShape, prompt_tokens: int, reward_models: S
     if config.env is not None:  # turns of the episode, each with a reply and what answers it
         length = config.env.max_total_tokens or prompt_tokens + 2 * config.env.max_turns * config.max_new_tokens
     rows = config.prompts_per_step * config.samples_per_prompt
-    phases = [_generation("generation", shape, rows, config.prompts_per_step, prompt_tokens, length, engine, lora)]
+    turns = config.env is not None and config.env.max_turns > 1
+    generation = (prompt_tokens, length, engine, lora, turns)
+    phases = [_generation("generation", shape, rows, config.prompts_per_step, *generation)]
     if config.eval_every and config.eval_size != 0:
         eval_rows = config.eval_batch_size
-        phases.append(_generation("evaluation", shape, eval_rows, eval_rows, prompt_tokens, length, engine, lora))
+        phases.append(_generation("evaluation", shape, eval_rows, eval_rows, *generation))
     micro = micro_rows(config, minibatch_size(config), length)
     tokens, response = micro * length, length - prompt_tokens
     # a group's prompt encoded once, its samples' responses reading its keys and values (a
@@ -225,14 +227,18 @@ def micro_rows(config: Any, minibatch: int, length: int) -> int:
 
 
 def _generation(
-    name: str, shape: ModelShape, rows: int, prompts: int, prompt_tokens: int, length: int, p: int, lora: bool
-) -> Phase:
+    name: str, shape: ModelShape, rows: int, prompts: int, prompt_tokens: int, length: int, p: int, lora: bool,
+    turns: bool = False,
+) -> Phase:  # fmt: skip
     """The engine: its fused weights, the KV cache of every row, the prompts' prefill (one
-    layer's temporaries and its attention bias) and a step's float32 logits."""
+    layer's temporaries and its attention bias) and a step's float32 logits; with ``turns`` (an
+    episode's next turn) the keys and values its last turn kept (rollout/turn_cache.py)."""
+    kept = {"kept turn": shape.kv_cache(rows, length, p)} if turns else {}
     return Phase(
         name,
         {
             "KV cache": shape.kv_cache(rows, length, p),
+            **kept,
             "engine weights": shape.engine_copies(p, lora),
             "prefill": shape.layer_temporaries(prompts * prompt_tokens, p) + prompts * prompt_tokens**2 * p,
             "logits": 3 * rows * shape.vocab * 4,

@@ -110,6 +110,19 @@ def test_plan_prints_the_phases_and_trains_nothing(tmp_path, capsys):
     assert not out.exists()  # nothing written, nothing loaded
 
 
+def test_a_multi_turn_plan_holds_the_turn_the_engine_keeps_beside_the_next(tmp_path, capsys):
+    """While more turns may follow, the engine keeps each row's keys and values for the next
+    turn (rollout/turn_cache.py): generation holds them beside the next turn's cache."""
+    base = ["rl", "--config", "posttrain/demo_rl.yaml", "model.tiny.layers=1", "data.task=support_bot",
+            "env.name=support_bot", f"output_dir={tmp_path / 'run'}", "--plan"]  # fmt: skip
+    assert main([*base, "env.max_turns=3"]) == 0
+    generation = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  generation "))
+    cache = generation.split("KV cache ")[1].split(",")[0]
+    assert f"kept turn {cache}" in generation  # the same rows and length as the cache
+    assert main([*base, "env.max_turns=1"]) == 0
+    assert "kept turn" not in capsys.readouterr().out  # one turn: nothing is kept
+
+
 def test_sft_plan_has_its_training_step_and_evaluation(tmp_path, capsys):
     args = ["sft", "--config", "configs/reverse_sft.yaml", f"output_dir={tmp_path / 'sft'}", "--plan"]
     assert main(args) == 0
