@@ -233,6 +233,7 @@ class LocalEngine:
                     self.decoder.select(keep)
                     tokens, rows, alive = tokens[keep], rows[keep], alive[keep]
             if self.mailbox is not None and self._take_newer_weights():
+                keeping, self.kept = False, None  # what was kept is the old weights'
                 logits = self._encode_again(prompt_ids, prompt_mask, sampling, trace, rows)
             else:
                 # a finished row that is still in the batch decodes on; its later tokens are masked

@@ -110,3 +110,19 @@ def test_columns_a_reused_row_leaves_unwritten_are_never_read_as_nan(tokenizer):
     reused = decoder.prefill(ids, mask, max_new_tokens=4, cache=poisoned, reuse=reuse).clone()
     full = decoder.prefill(ids, mask, max_new_tokens=4)
     torch.testing.assert_close(reused, full, atol=1e-5, rtol=0)
+
+
+def test_a_turn_that_switches_weights_mid_way_keeps_nothing(tokenizer):
+    """rollout.interrupt: weights taken mid-generation make every kept key and value stale."""
+    from tests.rollout.test_interrupt import ScheduledMailbox, new_weights
+
+    model = tiny_model(tokenizer, "qwen2", kv_heads=2)
+    mailbox = ScheduledMailbox(visible_at=3)
+    engine = build_engine(model, tokenizer, "native", policy_version=5, mailbox=mailbox)
+    engine.offer_weights(6, new_weights(tokenizer))
+    first = first_turn_prompts(len(tokenizer))
+    turn = engine.generate(first, SamplingParams(max_new_tokens=8, seed=0, keep_cache=True))
+    assert engine.policy_version == 6 and engine.kept is None
+    second = next_turn_prompts(first, turn, 1)
+    engine.generate(second, SamplingParams(max_new_tokens=3, seed=1))
+    assert engine.decoder.prefilled_tokens == sum(map(len, second))
