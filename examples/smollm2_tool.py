@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.cli import main as posttrain
-from posttrain.memory import peak_rss_gb
+from posttrain.memory import reset_peak_rss, window_peak_rss_gb
 from posttrain.models.gguf import smollm2_folder
 from posttrain.telemetry.report import rl_panels_plot, write_report
 
@@ -383,9 +383,10 @@ class Stages:
     def __call__(self, name: str, work: Any) -> Any:
         if name not in self.done:
             start = time.perf_counter()
+            reset_peak_rss()  # each stage's own peak, not the most any stage before it took
             result = work()
             seconds = round(time.perf_counter() - start, 1)
-            self.done[name] = {"s": seconds, "peak_rss_gb": peak_rss_gb(), "result": result}
+            self.done[name] = {"s": seconds, "peak_rss_gb": window_peak_rss_gb(), "result": result}
             self.run.mkdir(parents=True, exist_ok=True)
             self.ledger.write_text(json.dumps(self.done, indent=2) + "\n")
         result = self.done[name]["result"]

@@ -45,6 +45,33 @@ def peak_rss_gb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
 
 
+def reset_peak_rss() -> bool:
+    """Start a new peak-memory window for :func:`window_peak_rss_gb` (Linux resets the process's
+    high-water mark, VmHWM, when ``5`` is written to ``/proc/self/clear_refs``); False where the
+    system cannot, and the window is then the process's whole life."""
+    from pathlib import Path
+
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def window_peak_rss_gb() -> float:
+    """This process's peak resident memory since :func:`reset_peak_rss` (VmHWM), GiB; where the
+    system keeps no resettable mark, the peak of its whole life (:func:`peak_rss_gb`)."""
+    from pathlib import Path
+
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 2**20, 2)  # reported in KiB
+    except OSError:
+        pass
+    return peak_rss_gb()
+
+
 def resident_bytes() -> int:
     """This process's resident memory now, in bytes (Linux's VmRSS; 0 where it cannot be read)."""
     from pathlib import Path
