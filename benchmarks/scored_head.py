@@ -21,12 +21,9 @@ import argparse
 import json
 
 import torch
-from timing import take_turns
+from timing import model_and_tokenizer, take_turns
 
-from posttrain.models.loading import load_causal_lm
 from posttrain.models.logprobs import shared_prompt_logprobs
-from posttrain.models.tiny import build_tiny_causal_lm
-from posttrain.models.tokenizers import build_char_tokenizer
 
 
 def main() -> None:
@@ -40,11 +37,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    if args.model:
-        model = load_causal_lm(args.model)
-    else:
-        tokenizer = build_char_tokenizer()
-        model = build_tiny_causal_lm(len(tokenizer), layers=2, hidden=128, heads=4, seed=0, tokenizer=tokenizer)
+    model, _ = model_and_tokenizer(args.model)
     model.train()
     vocab = model.get_output_embeddings().weight.shape[0]
     generator = torch.Generator().manual_seed(0)

@@ -20,11 +20,8 @@ import json
 import random
 
 import torch
-from timing import take_turns
+from timing import model_and_tokenizer, prompts_after_a_prefix, take_turns
 
-from posttrain.models.loading import load_causal_lm, load_tokenizer
-from posttrain.models.tiny import build_tiny_causal_lm
-from posttrain.models.tokenizers import build_char_tokenizer
 from posttrain.rollout.engine import build_engine
 from posttrain.rollout.types import SamplingParams
 
@@ -40,16 +37,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    if args.model:
-        model, tokenizer = load_causal_lm(args.model).eval(), load_tokenizer(args.model)
-    else:
-        tokenizer = build_char_tokenizer()
-        model = build_tiny_causal_lm(len(tokenizer), layers=2, hidden=128, heads=4, seed=0, tokenizer=tokenizer)
+    model, tokenizer = model_and_tokenizer(args.model)
     engine = build_engine(model, tokenizer, kind="native")
     draw = random.Random(0)
-    vocabulary = range(4, min(len(tokenizer), 5000))
-    system = [draw.choice(vocabulary) for _ in range(args.prefix)]
-    prompts = [system + [draw.choice(vocabulary) for _ in range(draw.randint(10, 40))] for _ in range(args.prompts)]
+    prompts = prompts_after_a_prefix(len(tokenizer), args.prefix, args.prompts, draw)
     sampling = SamplingParams(n=args.samples, max_new_tokens=args.new_tokens, greedy=True)
     decoder, shared = engine.decoder, engine.decoder.MIN_SHARED
     outputs, prefilled = {}, {}
