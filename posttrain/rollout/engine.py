@@ -380,19 +380,18 @@ def build_engine(
     """A rollout engine for ``model``: ``native`` for Llama/Qwen2 weights, ``transformers`` for any
     causal LM, ``auto`` picks native when the model is supported (all three a :class:`LocalEngine`);
     ``vllm`` a :class:`~posttrain.rollout.vllm_engine.VLLMEngine` started with ``vllm_options``
-    (imported only then: vLLM is an optional extra). A ``mailbox`` makes a local engine's
-    generation interruptible by newer weights (:class:`LocalEngine`). ``dtype``: on an
-    accelerator the native decoder computes in copies of the weights in this dtype (bf16 over
-    float32 masters; a CPU without fast bf16 products keeps the weights' own). ``cuda_graphs``:
-    on a CUDA device the native decoder's steps are replayed as CUDA graphs (static_decode.py)."""
+    (imported only then: vLLM is an optional extra). A ``mailbox`` makes generation interruptible
+    by newer weights (:class:`LocalEngine`; vLLM's between two of its steps, vllm_interrupt.py).
+    ``dtype``: on an accelerator the native decoder computes in copies of the weights in this
+    dtype (bf16 over float32 masters; a CPU without fast bf16 products keeps the weights' own).
+    ``cuda_graphs``: on a CUDA device the native decoder's steps are replayed as CUDA graphs
+    (static_decode.py)."""
     if kind not in ENGINE_KINDS:
         raise ValueError(f"unknown rollout engine {kind!r}; valid: {', '.join(ENGINE_KINDS)}")
     if kind == "vllm":
         from posttrain.rollout.vllm_engine import VLLMEngine
 
-        if mailbox is not None:
-            raise ValueError("the vllm engine cannot switch weights during a generation (rollout.interrupt)")
-        return VLLMEngine(model, tokenizer, vllm_options, policy_version)
+        return VLLMEngine(model, tokenizer, vllm_options, policy_version, mailbox)
     reason = unsupported_reason(model)
     if kind == "native" and reason is not None:
         raise ValueError(f"rollout engine 'native' cannot run this model: {reason}; use 'transformers' or 'auto'")

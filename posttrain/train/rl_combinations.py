@@ -47,12 +47,6 @@ def _async_problems(config: RLRun) -> list[str]:
             "rollout.max_staleness overlaps sampling with training; rollout.replay samples nothing (it reads "
             "recorded batches): set max_staleness: 0 to replay"
         )
-    if config.engine_kind == "vllm" and rollout.interrupt:
-        problems.append(
-            "rollout.interrupt with rollout.engine = 'vllm' is not supported yet (vLLM cannot switch a request's "
-            "weights between tokens; it would need aborting and resubmitting requests as partial rollouts): use "
-            "engine auto, native or transformers, or interrupt: false"
-        )
     return problems
 
 

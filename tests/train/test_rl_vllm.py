@@ -97,6 +97,31 @@ def test_the_asynchronous_producer_samples_with_a_vllm_of_its_own(tmp_path, prod
     assert run.source.engine.policy_version == 2  # the last version the producer was given
 
 
+def test_the_rollout_process_vllm_takes_versions_offered_while_it_samples(tmp_path):
+    """rollout.interrupt with vLLM in the rollout process: each version the learner makes is offered
+    through the shared mailbox to the child's vLLM, which takes it between two steps (aborting and
+    resubmitting what runs, rollout/vllm_interrupt.py). Each token carries the version that sampled
+    it: never older than the row's first, never newer than the learner had made by then, and rows
+    sampled after an update start on a newer version than the first batch's."""
+    overrides = [*TINY, *SMALL, *VLLM, "steps=4", "rollout.max_staleness=1", "rollout.interrupt=true",
+                 "rollout.producer=process"]  # fmt: skip
+    config = load_rl_config(None, [*overrides, f"output_dir={tmp_path / 'run'}"])
+    run = OnlineRL(config, reward_functions=[vowel_share], echo=lambda line: None)
+    tokens, prepare = [], run.prepare
+
+    def keep(batch, metrics):
+        tokens.append(batch.token_versions[batch.response_mask.bool()])
+        assert (batch.token_versions.diff(dim=1) >= 0)[batch.response_mask[:, 1:].bool()].all()  # never older
+        return prepare(batch, metrics)
+
+    run.prepare = keep
+    history = run.run()
+    assert len(tokens) == 4 and tokens[0].eq(0).all()
+    assert all(int(t.max()) <= step for step, t in enumerate(tokens))  # at most the versions made before
+    assert int(tokens[-1].min()) >= 1  # the last batch began after an update
+    assert all("async/interrupted_fraction" in h for h in history)
+
+
 def test_ray_rollout_workers_sample_with_a_vllm_each(tmp_path):
     """cluster.kind: ray with vLLM (issue 41): each of the 2 workers starts its own instance and
     takes the learner's weights after every update: every step's samples carry the learner's

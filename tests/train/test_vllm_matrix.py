@@ -1,8 +1,8 @@
 """The combination matrix's pairs with vLLM (issue 42), run by ``make test-vllm`` in .venv-vllm:
 ``rollout.engine: vllm`` with every other feature of ``matrix_features.py`` runs two steps and both
 take effect — the batches sampled by a vLLM instance (colocated, the producer thread's, or each Ray
-worker's) — except the two not built yet, refused before loading with why: ``rollout.interrupt``
-(vLLM cannot switch a request's weights between tokens) and ``strategy: fsdp2`` (issue 41)."""
+worker's) — except ``strategy: fsdp2``, not built yet, refused before loading with why. With
+``rollout.interrupt`` the producer's vLLM is interrupted between two steps (rollout/vllm_interrupt.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,6 @@ from .test_combination_matrix import ray_address  # noqa: F401 (a fixture: one l
 pytestmark = pytest.mark.slow
 
 NOT_YET = {
-    "interrupt": "rollout.interrupt with rollout.engine = 'vllm' is not supported yet",
     "fsdp2": "strategy = 'fsdp2' with rollout.engine = 'vllm' is not supported yet",
 }
 
@@ -54,7 +53,7 @@ def test_vllm_with_every_feature_runs_and_both_take_effect(request, tmp_path, mo
 
 
 @pytest.mark.parametrize("other", sorted(NOT_YET))
-def test_vllm_with_interrupt_or_fsdp2_is_refused_before_loading_saying_why(tmp_path, other):
+def test_vllm_with_fsdp2_is_refused_before_loading_saying_why(tmp_path, other):
     data = write_rows(tmp_path / "rows.jsonl")
     overrides = [*base_overrides(data, tmp_path / "run"), *VLLM.overrides, *FEATURES[other].overrides]
     with pytest.raises(ConfigError, match=NOT_YET[other]):
