@@ -213,6 +213,7 @@ def plain_transformers(model_dir: Path, args: argparse.Namespace, rows: list[dic
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import get_json_schema
 
+    from posttrain.envs.tool_env import MALFORMED_REPLY
     from posttrain.envs.tool_library import calculate
     from posttrain.rewards import resolve_reward
 
@@ -221,6 +222,7 @@ def plain_transformers(model_dir: Path, args: argparse.Namespace, rows: list[dic
     run = load_run(args.config, [f"seed={args.seed}", *data_overrides(args)])
     tools, system = [get_json_schema(calculate)], run.env.options["system"]
     system = system.replace("{tools}", json.dumps(tools[0]))  # SmolLM2's template lists no tools: the system does
+    malformed_reply = run.env.options.get("malformed_reply", MALFORMED_REPLY)
     chats = [[{"role": "system", "content": system}, {"role": "user", "content": row["prompt"]}] for row in rows]
     finals: list[str] = [""] * len(rows)
     active = list(range(len(rows)))
@@ -230,22 +232,39 @@ def plain_transformers(model_dir: Path, args: argparse.Namespace, rows: list[dic
         replies = _generate(model, tokenizer, prompts, run.max_new_tokens)
         still = []
         for i, prompt, reply in zip(active, prompts, replies, strict=True):
-            message = tokenizer.parse_response(reply, prefix=prompt)
-            chats[i].append({"role": "assistant", "content": reply})
-            calls = message.get("tool_calls") or []
-            if not calls:
-                finals[i] = message.get("content") or reply
-                continue
-            for call in calls:
-                arguments = call["function"].get("arguments") or {}
-                result = calculate(**arguments) if set(arguments) == {"expression"} else "error: bad arguments"
-                chats[i].append({"role": "tool", "content": result})
-            still.append(i)
+            final = plain_turn(tokenizer, prompt, reply, chats[i], malformed_reply)
+            if final is None:
+                still.append(i)
+            else:
+                finals[i] = final
         active = still
     columns = {key: [row[key] for row in rows] for key in rows[0] if key != "prompt"}
     scores = resolve_reward("reasoning_gym").fn([row["prompt"] for row in rows], finals, None, **columns)
     greedy, error = mean_and_error([right(s) for s in scores])
     return {"greedy": greedy, "greedy_stderr": error, "example": chats[0][2:]}
+
+
+def plain_turn(tokenizer: Any, prompt: str, reply: str, chat: list[dict], malformed_reply: str) -> str | None:
+    """One assistant turn of :func:`plain_transformers`, appended to ``chat``: read by the
+    tokenizer's ``parse_response``; each call run and its result appended, or a call the parser
+    cannot read answered with ``malformed_reply`` as the tools environment answers it. Returns
+    the episode's answer when the turn calls nothing, else None (the episode goes on)."""
+    from posttrain.envs.tool_library import calculate
+
+    chat.append({"role": "assistant", "content": reply})
+    try:
+        message = tokenizer.parse_response(reply, prefix=prompt)
+    except ValueError as error:  # e.g. a call cut mid-JSON by max_new_tokens
+        chat.append({"role": "tool", "content": malformed_reply.format(error=str(error).splitlines()[0])})
+        return None
+    calls = message.get("tool_calls") or []
+    if not calls:
+        return message.get("content") or reply
+    for call in calls:
+        arguments = call["function"].get("arguments") or {}
+        result = calculate(**arguments) if set(arguments) == {"expression"} else "error: bad arguments"
+        chat.append({"role": "tool", "content": result})
+    return None
 
 
 def _generate(model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int, batch: int = 64) -> list[str]:

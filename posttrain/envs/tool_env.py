@@ -95,6 +95,9 @@ def resolve_tools(paths: list[str]) -> dict[str, Callable[..., Any]]:
     return functions
 
 
+MALFORMED_REPLY = "error: the tool call could not be read ({error}); write it as the format asks"
+
+
 @register_environment("tools")
 class ToolsEnvironment:
     """See the module docstring. Options: ``tools`` (paths), ``format`` (``auto`` | ``hermes`` |
@@ -113,7 +116,7 @@ class ToolsEnvironment:
         timeout_s: float = 10.0,
         max_calls_per_turn: int = 8,
         max_result_chars: int = 2000,
-        malformed_reply: str = "error: the tool call could not be read ({error}); write it as the format asks",
+        malformed_reply: str = MALFORMED_REPLY,
         system: str | None = None,
         tools_off: bool = False,
     ) -> None:

@@ -140,3 +140,25 @@ def test_with_the_tools_off_the_model_gets_no_result_from_its_call(tmp_path):
     call = resolve_format("smollm2").render([ToolCall("calculate", {"expression": "2 * 3"})])
     (reply,), _, done = asyncio.run(env.step(call))
     assert "6" not in reply["content"] and "off" in reply["content"] and not done
+
+
+def test_plain_transformers_answers_a_call_it_cannot_read_as_the_environment_does():
+    """A call cut mid-JSON (seed 0's final/ wrote one into a 300-problem measurement) made
+    ``parse_response`` raise and stopped the recipe's last stage: such a turn is now answered with the
+    tools environment's malformed reply, and the episode goes on as it would in the environment."""
+    from posttrain.envs.tool_env import MALFORMED_REPLY
+    from posttrain.envs.tool_library import calculate
+    from posttrain.models.tokenizers import build_char_tokenizer
+
+    example = load_example()
+    tokenizer = build_char_tokenizer()
+    tokenizer.response_template = example.SMOLLM2_RESPONSE_TEMPLATE
+    prompt = "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n"
+    cut, chat = '<tool_call>[{"name": "calculate", "arguments": {"expression": "( ( ( (', []
+    assert example.plain_turn(tokenizer, prompt, cut, chat, MALFORMED_REPLY) is None
+    assert chat[0] == {"role": "assistant", "content": cut}
+    assert chat[1]["role"] == "tool" and chat[1]["content"].startswith("error: the tool call could not be read (")
+    call, chat = '<tool_call>[{"name": "calculate", "arguments": {"expression": "2 + 3"}}]</tool_call>', []
+    assert example.plain_turn(tokenizer, prompt, call, chat, MALFORMED_REPLY) is None
+    assert chat[1] == {"role": "tool", "content": calculate(expression="2 + 3")}
+    assert example.plain_turn(tokenizer, prompt, "<answer>5</answer>", [], MALFORMED_REPLY) == "<answer>5</answer>"
