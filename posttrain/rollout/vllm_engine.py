@@ -46,11 +46,12 @@ token under the mask.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -159,6 +160,8 @@ class VLLMEngine:
         # every later full sync must send exactly these names: fewer would leave some weights stale
         self.weight_names = frozenset(weights)
         save_inference_folder(model, tokenizer, self._folder.name, weights)
+        # under torchrun vLLM joins the launch's process group instead of making its own world
+        self.joined_launch_group = torch.distributed.is_available() and torch.distributed.is_initialized()
         self.llm = self._start(vllm, lora_options(model) if adapters else {})
         if self.adapters is not None:
             self.update_weights(policy_version)
@@ -344,12 +347,35 @@ class VLLMEngine:
             engine = getattr(llm, "llm_engine", None)
             shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
             if callable(shutdown):
-                shutdown()
+                with _launch_group_kept(self.joined_launch_group):
+                    shutdown()
             del llm, engine
             gc.collect()
         self._folder.cleanup()
         if self.adapters is not None:
             self.adapters.close()
+
+
+@contextlib.contextmanager
+def _launch_group_kept(joined: bool) -> Iterator[None]:
+    """vLLM's shutdown ends by destroying the default process group. When vLLM joined a torchrun
+    launch's group (``joined``: it was up before vLLM started) that group is the trainer's, and the
+    ranks still need it (their later collectives would fail): only the default group's
+    destruction is skipped; the subgroups vLLM made for itself are destroyed as usual."""
+    if not joined:
+        yield
+        return
+    destroy = torch.distributed.destroy_process_group
+
+    def destroy_all_but_the_default(group: Any = None) -> None:
+        if group is not None:
+            destroy(group)
+
+    torch.distributed.destroy_process_group = destroy_all_but_the_default
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group = destroy
 
 
 def _completion_row(completion: Any) -> tuple[list[int], list[float], str]:

@@ -121,12 +121,35 @@ def save_inference_folder(
     model: nn.Module, tokenizer: Any | None, folder: str | Path, weights: dict[str, Tensor] | None = None
 ) -> Path:
     """Write ``model`` (LoRA folded in: ``weights``, by default :func:`inference_weights`) and
-    ``tokenizer`` (if given) as a plain Hugging Face folder: engines such as vLLM load a model
-    by path only, and a LoRA run's ``final/`` is this folder."""
+    ``tokenizer`` (if given) as a plain Hugging Face folder — ``config.json``,
+    ``generation_config.json``, ``model.safetensors`` — that engines such as vLLM load by path;
+    a LoRA run's ``final/`` is this folder.
+
+    Written here rather than by ``save_pretrained``, which from transformers 5.19 writes nothing on
+    a rank other than 0 once torch.distributed is up: each rank's engine (``strategy: fsdp2`` with
+    ``rollout.engine: vllm``) loads a folder of its own. Tied copies (an output layer tied to the
+    embeddings) are left out, as ``save_pretrained`` leaves them out; the loader ties them again."""
+    from safetensors.torch import save_file
+
     folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
     base = model.get_base_model() if is_peft_model(model) else model
-    # state_dict= makes transformers write these tensors under these names (and drop tied copies)
-    base.save_pretrained(folder, state_dict=weights if weights is not None else inference_weights(model))
+    weights = dict(weights if weights is not None else inference_weights(model))
+    for tied, source in (getattr(base, "all_tied_weights_keys", None) or {}).items():
+        if tied in weights and source in weights:
+            del weights[tied]
+    base.config.save_pretrained(folder)
+    if getattr(base, "generation_config", None) is not None:
+        base.generation_config.save_pretrained(folder)
+    stored: set[int] = set()
+    tensors = {}
+    for name, tensor in weights.items():
+        tensor = tensor.detach().to("cpu").contiguous()
+        if tensor.untyped_storage().data_ptr() in stored:  # safetensors refuses tensors that share memory
+            tensor = tensor.clone()
+        stored.add(tensor.untyped_storage().data_ptr())
+        tensors[name] = tensor
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
     return folder

@@ -26,8 +26,6 @@ def combination_problems(config: RLRun) -> list[str]:
     problems += _sampling_problems(config)
     if problem := precision_problem(config.precision, config.model.dtype):
         problems.append(problem)
-    if config.strategy == "fsdp2":
-        problems += _fsdp2_problems(config)
     return problems
 
 
@@ -67,13 +65,6 @@ def _sampling_problems(config: RLRun) -> list[str]:
             "use engine auto or native, or keep_sampling_mask: false"
         ]
     return []
-
-
-def _fsdp2_problems(config: RLRun) -> list[str]:
-    """What a sharded policy (``strategy: fsdp2``, rollout/gathered.py) does not do yet."""
-    uses = {"rollout.engine = 'vllm'": config.engine_kind == "vllm"}
-    return [f"strategy = 'fsdp2' with {name} is not supported yet: use strategy: ddp" for name, on in uses.items()
-            if on]  # fmt: skip
 
 
 def _cluster_problems(config: RLRun) -> list[str]:

@@ -179,3 +179,22 @@ FEATURES: dict[str, Feature] = {
     "fsdp2": Feature(["strategy=fsdp2"], _fsdp2),
     "replay": Feature([], _replay),  # rollout.replay=<a recording of the same pair>, set by the test
 }
+
+
+def _vllm(trace: Trace) -> None:
+    if trace.run.config.cluster.kind == "ray":  # each worker's engine: built there from the config's kind
+        assert trace.ray_generations >= STEPS and trace.run.config.engine_kind == "vllm"
+    else:
+        assert trace.vllm_generations >= STEPS  # every batch drawn by a VLLMEngine of this process
+    if not trace.run.config.rollout.max_staleness:  # sampled by the weights the learner scores with:
+        # vLLM took every update (the second step would be off by a whole update otherwise)
+        # (a step whose rewards are all flat skips the update, and with it the metric)
+        gaps = [h["policy/engine_logprob_gap"] for h in trace.history if "policy/engine_logprob_gap" in h]
+        assert all(gap < 1e-4 for gap in gaps), gaps
+
+
+# paired with every feature above in test_vllm_matrix.py (run in .venv-vllm), not in the main matrix.
+# Head dim 32 (64 / 2): vLLM's CPU attention takes head sizes from 32 up; the producer in a thread,
+# whose engine this process can watch (the rollout process's vLLM is tested in test_rl_vllm.py)
+VLLM = Feature(["rollout.engine=vllm", "model.tiny.hidden=64", "rollout.vllm.max_model_len=64",
+                "rollout.producer=thread"], _vllm)  # fmt: skip

@@ -22,7 +22,7 @@ from posttrain.distributed import join, world
 from posttrain.train.rl import OnlineRL
 from posttrain.train.rl_config import load_rl_config
 
-from .matrix_features import FEATURES, Trace, base_overrides, local, write_rows
+from .matrix_features import FEATURES, VLLM, Trace, base_overrides, local, write_rows
 
 REFUSED = {
     frozenset({"replay", "max_staleness"}): "rollout.replay samples nothing",
@@ -98,7 +98,7 @@ def run_pair(pair: tuple[str, str], work: Path, ray_address: str | None = None) 
         work.mkdir(parents=True, exist_ok=True)
         write_rows(data)
     world().barrier()
-    features = [FEATURES[name] for name in pair]
+    features = [{**FEATURES, "vllm": VLLM}[name] for name in pair]
     extra = [override for feature in features for override in feature.overrides]
     if "ray" in pair and ray_address is not None:
         extra.append(f"cluster.address={ray_address}")

