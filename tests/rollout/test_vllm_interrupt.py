@@ -25,22 +25,12 @@ from posttrain.rollout.types import SamplingParams
 from posttrain.rollout.vllm_engine import VLLMOptions
 from posttrain.rollout.weight_mailbox import ThreadMailbox
 from tests.rollout.conftest import encode, full_forward_logprobs
+from tests.rollout.test_interrupt import ScheduledMailbox
 
 TOLERANCE = 1e-4  # engine log-prob against the trainer's forward, float32 on both sides (test_vllm_engine.py)
-SWITCH_BEFORE_STEP = 4  # the mailbox shows its post from the 5th look: before vLLM's 4th step, after 3 tokens
-
-
-class ScheduledMailbox(ThreadMailbox):
-    """Holds a post back until its ``visible_at``-th look: the generation looks once before it
-    submits (look 1) and once before each of vLLM's steps (look t + 1 before step t)."""
-
-    def __init__(self, visible_at: int) -> None:
-        super().__init__()
-        self.visible_at, self.looks = visible_at, 0
-
-    def take_newer(self, version, model):
-        self.looks += 1
-        return super().take_newer(version, model) if self.looks > self.visible_at else None
+# ScheduledMailbox counts looks: the generation looks once before it submits (look 1) and once before each of
+# vLLM's steps (look t + 1 before step t); shown from the 5th look, the post lands after 3 tokens
+SWITCH_BEFORE_STEP = 4
 
 
 def tiny(tokenizer, seed: int):
