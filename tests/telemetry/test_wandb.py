@@ -64,5 +64,8 @@ def test_held_out_answers_reach_wandb_as_a_table(tmp_path, monkeypatch):
     evaluated = [arg for arg in SFT if arg != "eval_size=0"]  # the task's reward scores greedy answers
     assert main([*evaluated, "steps=1", f"output_dir={run}"]) == 0
     [record_file] = wandb_runs(run)
-    record = written_record(record_file, [b"eval_samples", b"Reverse the name"])
+    record = written_record(record_file, [b"eval_samples", b"table-file"])
     assert b"eval_samples" in record and b"table-file" in record
+    # the record points to the table; its rows (the held-out prompts and answers) are in W&B's table file
+    tables = sorted(record_file.parent.glob("files/media/table/eval_samples_*.table.json"))
+    assert tables and "Reverse the name" in tables[-1].read_text()
