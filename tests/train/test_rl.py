@@ -87,7 +87,6 @@ def test_every_preset_runs_and_moves_the_weights(tmp_path, preset):
         (["algorithm=grpo", "algorithm.policy_loss=ppo_clipp"], ["algorithm.policy_loss", "ppo_clip"]),
         (["algorithm=grpo", "algorithm.advantage=gae"], ["algorithm.advantage = 'gae' needs a value model"]),
         (["algorithm=grpo", "algorithm.kl.cof=1"], ["algorithm.kl.cof", "Did you mean 'algorithm.kl.coef'"]),
-        (["rollout.max_staleness=0", "rollout.interrupt=true"], ["rollout.interrupt", "rollout.max_staleness: 0"]),
         (["rollout.max_staleness=1", "rollout.replay=somewhere"], ["rollout.max_staleness", "rollout.replay"]),
         (["rollout.max_staleness=-1"], ["rollout.max_staleness"]),
     ],
