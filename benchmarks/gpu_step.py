@@ -18,10 +18,10 @@
 * ``memory``: the same step in float32 with no micro-batch bound, full fine-tuning and LoRA r16,
   sized as ``posttrain rl`` sizes it (the memory plan's derived ``micro_batch_tokens``): the
   plan's peak against the peak allocated on the card, step and update time.
-* ``step_profile``: the top operators of a 2-step GRPO run by own device (and CPU) time — where
-  the update's time goes.
-* ``demo``: ``posttrain demo``'s wall time and closing lines, its RL stage with graphs and
-  without (``--demo``).
+* ``step_profile``: the top operators of a GRPO step (steps 2–3, sized as ``posttrain rl`` sizes
+  it) by own device (and CPU) time — where the step's time goes.
+* ``demo``: ``posttrain demo``'s wall time, closing lines and the median split of its RL step,
+  its RL stage with graphs and without (``--demo``).
 
 On the CPU the same cases run on a small model (the step runs eagerly there) as a smoke test:
 
@@ -319,10 +319,13 @@ def grpo_config(args: argparse.Namespace, device: torch.device, model: Path, gra
 
 
 def grpo_run(args: argparse.Namespace, device: torch.device, model: Path, graphs: bool, steps: int) -> list[dict]:
-    """The realistic GRPO step's run; its history."""
+    """The realistic GRPO step's run as ``posttrain rl`` sizes it by default (micro-batches from
+    the memory plan); its history."""
+    from posttrain.train.plan import announce_plan
     from posttrain.train.rl import OnlineRL
 
-    return OnlineRL(grpo_config(args, device, model, graphs, steps), echo=lambda line: None).run()
+    config = grpo_config(args, device, model, graphs, steps, "micro_batch_size=null")
+    return OnlineRL(announce_plan("rl", config, echo=False), echo=lambda line: None).run()
 
 
 def case_memory(args: argparse.Namespace, device: torch.device) -> None:
@@ -397,19 +400,41 @@ def case_grpo(args: argparse.Namespace, device: torch.device, flops: float | Non
 
 
 def case_step_profile(args: argparse.Namespace, device: torch.device) -> None:
-    """Where a whole GRPO run's time goes (2 steps, graphs on): the top operators by own time."""
+    """Where a GRPO step's time goes (graphs on, sized as ``posttrain rl`` sizes it): the top
+    operators by own device (and CPU) time over steps 2 and 3 — the first, which captures the
+    graphs, and the run's start and end (checkpoint, report) are left out."""
     from torch.profiler import ProfilerActivity, profile
 
+    from posttrain.train.plan import announce_plan
+    from posttrain.train.rl import OnlineRL
+
     model, _ = grpo_model(args)
+    config = grpo_config(args, device, model, True, 3, "micro_batch_size=null")
+    run = OnlineRL(announce_plan("rl", config, echo=False), echo=lambda line: None)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as trace:
-        grpo_run(args, device, model, graphs=True, steps=2)
-    events = trace.key_averages()
+    plain_step, traces = run.step, []
+
+    def profiled_step(step: int):
+        if step == 1:
+            return plain_step(step)
+        with profile(activities=activities) as trace:
+            out = plain_step(step)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        traces.append(trace)
+        return out
+
+    run.step = profiled_step
+    run.run()
     for key in ("self_device_time_total", "self_cpu_time_total")[device.type != "cuda" :]:
-        top = sorted(events, key=lambda e: getattr(e, key, 0), reverse=True)[:16]
-        total = sum(getattr(e, key, 0) for e in events)
-        emit("step_profile", by=key, total_ms=round(total / 1e3, 1),
-             top=[[e.key[:60], round(getattr(e, key, 0) / 1e3, 1), e.count] for e in top])  # fmt: skip
+        totals: dict[str, list[float]] = {}
+        for trace in traces:
+            for e in trace.key_averages():
+                entry = totals.setdefault(e.key[:60], [0.0, 0])
+                entry[0], entry[1] = entry[0] + getattr(e, key, 0) / len(traces), entry[1] + e.count / len(traces)
+        top = sorted(totals.items(), key=lambda item: -item[1][0])[:18]
+        emit("step_profile", by=key, per_step_ms=round(sum(v[0] for v in totals.values()) / 1e3, 1),
+             top=[[name, round(ms / 1e3, 1), round(count)] for name, (ms, count) in top])  # fmt: skip
 
 
 def case_host_profile(args: argparse.Namespace, device: torch.device) -> None:
@@ -443,7 +468,17 @@ def case_demo(args: argparse.Namespace, graphs: bool) -> None:
     run = subprocess.run(command, capture_output=True, text=True, timeout=args.demo_timeout)
     lines = [line for line in run.stdout.splitlines() if line.strip()][-4:]
     emit("demo", graphs=graphs, seconds=round(time.perf_counter() - start, 1), returncode=run.returncode,
-         closing=lines, stderr=run.stderr[-800:] if run.returncode else "")  # fmt: skip
+         closing=lines, rl_step_times=median_times(Path(folder) / "rl" / "metrics.jsonl"),
+         stderr=run.stderr[-800:] if run.returncode else "")  # fmt: skip
+
+
+def median_times(metrics: Path) -> dict[str, float]:
+    """The median of every ``time/…`` metric over a run's logged steps (where a step's time goes)."""
+    if not metrics.exists():
+        return {}
+    steps = [json.loads(line) for line in metrics.read_text().splitlines() if '"time/step_s"' in line]
+    keys = sorted({k for step in steps for k in step if k.startswith("time/")})
+    return {k: round(statistics.median(s[k] for s in steps if k in s), 4) for k in keys}
 
 
 def parse_args() -> argparse.Namespace:

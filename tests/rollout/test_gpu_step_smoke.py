@@ -16,7 +16,7 @@ def test_gpu_step_checks_pass_on_the_cpu(tmp_path):
     output = tmp_path / "lines.jsonl"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     script = str(ROOT / "benchmarks/gpu_step.py")
-    command = [sys.executable, script, "--device", "cpu", "--cases", "check", "grpo", "memory"]
+    command = [sys.executable, script, "--device", "cpu", "--cases", "check", "grpo", "memory", "step_profile"]
     command += ["--grpo-variants", "graphs", "graphs_packed"]  # sized by the plan; padding-free
     run = subprocess.run([*command, "--output", str(output)], capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
@@ -31,3 +31,9 @@ def test_gpu_step_checks_pass_on_the_cpu(tmp_path):
     sized = [line for line in lines if line["case"] == "memory"]
     assert [s["variant"] for s in sized] == ["full", "lora_r16", "full_packed"]
     assert all(s["micro_batch_tokens"] and "error" not in s for s in sized)
+    profiled = [line for line in lines if line["case"] == "step_profile"]  # steps 2-3 of a plan-sized run
+    assert (
+        len(profiled) == 1
+        and profiled[0]["per_step_ms"] > 0
+        and any(row[0] == "aten::mm" for row in profiled[0]["top"])
+    )
