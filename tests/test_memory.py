@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from posttrain.memory import reset_peak_rss, window_peak_rss_gb
+from posttrain.memory import reset_peak_rss, return_free_memory, window_peak_rss_gb
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM and clear_refs are Linux's")
@@ -19,3 +19,25 @@ def test_a_new_window_forgets_the_peak_of_the_one_before():
     del block
     assert reset_peak_rss()
     assert window_peak_rss_gb() < with_block - 0.3  # the 400 MiB block is no longer the peak
+
+
+def resident_mib() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096 / 2**20
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
+def test_freed_heap_memory_goes_back_after_a_cpu_phase_not_after_an_accelerators():
+    def fragmented_heap() -> list[bytearray]:
+        """~200 MiB in 64 KiB blocks (below malloc's mmap threshold: heap memory), every other one
+        freed again: free pages that glibc keeps until asked (a step's activations, in small)."""
+        blocks = [bytearray(b"1" * (64 * 2**10)) for _ in range(3200)]
+        return blocks[1::2]
+
+    kept = fragmented_heap()
+    before = resident_mib()
+    assert return_free_memory("cuda") is False  # a GPU phase's tensors were never malloc's
+    assert resident_mib() > before - 20
+    assert return_free_memory("cpu") is True
+    assert resident_mib() < before - 60  # most of the ~100 MiB freed is resident no more
+    del kept

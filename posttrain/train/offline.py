@@ -327,7 +327,7 @@ def _train_step(
     if not math.isfinite(grad_norm):
         raise TrainingDiverged(f"step {step}: the gradient norm is {grad_norm}; lower learning_rate")
     optimizer.step()
-    return_free_memory()  # this step's activations, which glibc would otherwise keep (posttrain.memory)
+    return_free_memory(device.type)  # this step's activations, which glibc would otherwise keep (posttrain.memory)
     return {**totals, "grad_norm": grad_norm}
 
 

@@ -301,7 +301,7 @@ class OnlineRL:
         t2 = time.perf_counter()
         with stage("update", step):
             metrics.update(self.update(batch, step))
-        return_free_memory()  # the update's activations, before the next rollout or evaluation allocates
+        return_free_memory(self.updater.device.type)  # the update's activations, before the next rollout allocates
         t3 = time.perf_counter()
         self.source.sync_weights(step)
         t4 = time.perf_counter()
