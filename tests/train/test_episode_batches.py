@@ -10,7 +10,7 @@ import torch
 from posttrain.models.tiny import build_tiny_causal_lm
 from posttrain.rollout.batch import RolloutBatch
 from posttrain.train.rl_config import load_rl_config
-from posttrain.train.rl_prepare import BatchPreparer, sequence_logprobs
+from posttrain.train.rl_prepare import BatchPreparer, distinct_prompts, sequence_logprobs
 
 VOCAB = 40
 BASE = ["model.tiny.layers=1", "data.task=reverse"]
@@ -140,3 +140,14 @@ class _NoKL:
 
     def update(self, kl: float, n: int) -> None:
         pass
+
+
+def test_distinct_prompts_are_told_apart_by_tokens_and_mask_in_order_of_first_appearance():
+    # rows 0, 2 and 5 hold one prompt; row 3 the same tokens under another mask (a pad that is a
+    # real token elsewhere); rows 1 and 4 another prompt each
+    ids = torch.tensor([[0, 7, 8], [5, 6, 9], [0, 7, 8], [0, 7, 8], [4, 4, 4], [0, 7, 8]])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1], [0, 1, 1], [1, 1, 1], [1, 1, 1], [0, 1, 1]])
+    first, prompt_of_row = distinct_prompts(ids, mask)
+    assert first.tolist() == [0, 1, 3, 4]
+    assert prompt_of_row.tolist() == [0, 1, 0, 2, 3, 0]
+    assert torch.equal(ids[first][prompt_of_row], ids) and torch.equal(mask[first][prompt_of_row], mask)
