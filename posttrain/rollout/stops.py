@@ -45,7 +45,7 @@ class EndingTokens:
     def of(cls, tokenizer: Any, stop_strings: tuple[str, ...]) -> EndingTokens:
         try:
             per_tokenizer = cls._shared.setdefault(tokenizer, {})
-        except TypeError:  # an object that takes no weak reference: a cache of this call's own
+        except TypeError:  # an object that takes no weak reference or no hash: a cache of this call's own
             return cls(tokenizer, stop_strings)
         key = frozenset(stop_strings)
         if key not in per_tokenizer:
@@ -109,7 +109,7 @@ class StopStrings:
             else [k for (k,) in self.ending.kinds([[new_tokens[i]] for i in live])]
         )
         unsure = [(i, history) for i, history, kind in zip(live, histories, kinds, strict=True) if kind == MAYBE]
-        texts = self.tokenizer.batch_decode([h[-self.window :] for _, h in unsure], skip_special_tokens=True)
+        texts = self._decode([history[-self.window :] for _, history in unsure])
         for (i, _), text in zip(unsure, texts, strict=True):
             hit[i] = self._holds_stop(text)
         for i, kind in zip(live, kinds, strict=True):
