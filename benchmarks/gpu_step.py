@@ -318,14 +318,14 @@ def grpo_config(args: argparse.Namespace, device: torch.device, model: Path, gra
     return load_rl_config(None, overrides)
 
 
-def grpo_run(args: argparse.Namespace, device: torch.device, model: Path, graphs: bool, steps: int) -> list[dict]:
+def plan_sized_run(args: argparse.Namespace, device: torch.device, model: Path, graphs: bool, steps: int):
     """The realistic GRPO step's run as ``posttrain rl`` sizes it by default (micro-batches from
-    the memory plan); its history."""
+    the memory plan), ready to ``run()``."""
     from posttrain.train.plan import announce_plan
     from posttrain.train.rl import OnlineRL
 
     config = grpo_config(args, device, model, graphs, steps, "micro_batch_size=null")
-    return OnlineRL(announce_plan("rl", config, echo=False), echo=lambda line: None).run()
+    return OnlineRL(announce_plan("rl", config, echo=False), echo=lambda line: None)
 
 
 def case_memory(args: argparse.Namespace, device: torch.device) -> None:
@@ -405,12 +405,8 @@ def case_step_profile(args: argparse.Namespace, device: torch.device) -> None:
     graphs, and the run's start and end (checkpoint, report) are left out."""
     from torch.profiler import ProfilerActivity, profile
 
-    from posttrain.train.plan import announce_plan
-    from posttrain.train.rl import OnlineRL
-
     model, _ = grpo_model(args)
-    config = grpo_config(args, device, model, True, 3, "micro_batch_size=null")
-    run = OnlineRL(announce_plan("rl", config, echo=False), echo=lambda line: None)
+    run = plan_sized_run(args, device, model, graphs=True, steps=3)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     plain_step, traces = run.step, []
 
@@ -445,7 +441,7 @@ def case_host_profile(args: argparse.Namespace, device: torch.device) -> None:
 
     model, _ = grpo_model(args)
     profiler = cProfile.Profile()
-    profiler.runcall(grpo_run, args, device, model, True, 3)
+    profiler.runcall(plan_sized_run(args, device, model, graphs=True, steps=3).run)
     stats = pstats.Stats(profiler).stats
     own = [(f"{Path(f).name}:{line}:{name}"[:70], round(c[3], 2), c[1]) for (f, line, name), c in stats.items()
            if "posttrain" in f or "transformers" in f or "torch/nn" in f]  # fmt: skip

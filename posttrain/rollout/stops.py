@@ -157,15 +157,11 @@ class StopStrings:
     def _first_hits_decoding_all(self, first: Tensor, live: list[int], steps: int) -> Tensor:
         """The reference: every live row's last ``window + n − 1`` tokens decoded once, and a row
         whose text holds a stop string decoded again step by step to find where it ended."""
-        tails = [self.histories[i][-(self.window + steps - 1) :] for i in live]
-        texts = self.tokenizer.batch_decode(tails, skip_special_tokens=True) if tails else []
+        texts = self._decode([self.histories[i][-(self.window + steps - 1) :] for i in live])
         for i, text in zip(live, texts, strict=True):
             if not self._holds_stop(text):
                 continue
-            history = self.histories[i]
-            ends = range(len(history) - steps + 1, len(history) + 1)
-            prefixes = self.tokenizer.batch_decode(
-                [history[:end][-self.window :] for end in ends], skip_special_tokens=True
-            )
+            start = len(self.histories[i]) - steps
+            prefixes = self._decode([self._tail(i, start + k) for k in range(steps)])
             first[i] = next((k for k, t in enumerate(prefixes) if self._holds_stop(t)), -1)
         return first
