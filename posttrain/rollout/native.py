@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posttrain.rollout.prefill_layout import lay_out
+from posttrain.rollout.products import PACK_FROM_ROW_STEPS, WEIGHT_MAJOR_FROM, StepProducts, can_pack, linear, packs_fit
 from posttrain.rollout.projections import (
     base_layer,
     effective_weight,
@@ -45,23 +46,6 @@ from posttrain.rollout.projections import (
 
 if TYPE_CHECKING:
     from posttrain.rollout.turn_cache import Reuse
-
-WEIGHT_MAJOR_FROM = 512  # hidden size from which decode multiplies weight-major (see linear)
-
-
-def linear(x: Tensor, weight: Tensor, weight_major: bool = False, residual: Tensor | None = None) -> Tensor:
-    """``x [N, in] @ weightᵀ`` (``weight [out, in]``), plus ``residual [N, out]`` when given.
-
-    Weight-major computes ``(weight @ xᵀ)ᵀ`` and returns that transposed view: the same dot
-    products, but the large operand is streamed as it is stored while the small one is
-    repacked by the BLAS, which for a few dozen rows against weights that do not fit in cache
-    is ~10–25% faster (SmolLM2-135M's projections, 64 rows, MKL on 2 cores). For a small
-    model whose weights stay in cache it only adds transposes.
-    """
-    if not weight_major:
-        return F.linear(x, weight) if residual is None else torch.addmm(residual, x, weight.t())
-    out = torch.mm(weight, x.t()).t()
-    return out if residual is None else residual + out
 
 
 class FusedLayer(NamedTuple):
@@ -106,12 +90,18 @@ class NativeDecoder:
         # weight-major decoding pays where a CPU streams weights from memory, not for a model that
         # sits in cache (tiny 128-wide models: 0.78 → 0.95 ms a step; SmolLM2's 576: ~9% faster)
         device = next(model.parameters()).device
-        self.weight_major = self.hidden >= WEIGHT_MAJOR_FROM and device.type == "cpu"
+        self.products = StepProducts(weight_major=self.hidden >= WEIGHT_MAJOR_FROM and device.type == "cpu")
         self._angles = torch.empty(0, self.head_dim // 2)
         self._lora_layers: list[nn.Module] = []
         self._sources: tuple[list[tuple[Tensor, int, int]], list[tuple]] = ([], [])
         self._copies: dict[str, Tensor] = {}  # derived weights by name, rewritten in place
         self.refresh()
+        # there too, MKL's packed copies of the weights for a batch long enough to repay them
+        self.products.packing = (
+            self.products.weight_major
+            and can_pack(device, self.embed.dtype)
+            and packs_fit(sum(t.numel() * t.element_size() for t in self._step_weights()))
+        )
 
     # ---- weights -------------------------------------------------------------------------
     @torch.no_grad()
@@ -121,6 +111,7 @@ class NativeDecoder:
         Every derived tensor (fused matrices, dtype copies) is written into the memory of its
         previous version when there is one, so a step captured as a CUDA graph, which reads
         weights at fixed addresses, sees the new values (static_decode.py)."""
+        self.products.clear()  # packs made from the values about to be rewritten
         inner = self.causal_lm.model
         self.embed = self._own("embed", inner.embed_tokens.weight)
         self.final_norm = self._own("final_norm", inner.norm.weight)
@@ -240,11 +231,26 @@ class NativeDecoder:
         pairs = torch.view_as_complex(qk.unflatten(-1, (-1, 2)))
         return torch.view_as_real(pairs * rotations).flatten(-2)
 
-    def _mlp(self, hidden: Tensor, w: FusedLayer, weight_major: bool = False) -> Tensor:
-        """``hidden + down(silu(gate(x)) · up(x))`` with ``x = RMSNorm(hidden)``, for ``[N, H]``."""
+    def _mlp(self, hidden: Tensor, w: FusedLayer, product=linear) -> Tensor:
+        """``hidden + down(silu(gate(x)) · up(x))`` with ``x = RMSNorm(hidden)``, for ``[N, H]``;
+        ``product(x, weight, residual=None)`` multiplies (a decoding step's: ``self.products``)."""
         x = F.rms_norm(hidden, (self.hidden,), w.post_norm, self.eps)
-        gate, up = linear(x, w.gate_up, weight_major).chunk(2, dim=-1)
-        return linear(F.silu(gate).mul_(up), w.down, weight_major, residual=hidden)
+        gate, up = product(x, w.gate_up).chunk(2, dim=-1)
+        return product(F.silu(gate).mul_(up), w.down, residual=hidden)
+
+    def _pack_for(self, rows: int) -> None:
+        """Pack the step's weights for ``rows``-row products when the steps left repay it."""
+        if self.products.rows == rows:
+            return
+        left = self.step_rotations.shape[1] - 1 - self.step  # decode calls left, this one included
+        self.products.clear()  # a pack serves one row count only
+        if rows * left >= PACK_FROM_ROW_STEPS:
+            self.products.pack(self._step_weights(), rows)
+
+    def _step_weights(self) -> list[Tensor]:
+        """What a decoding step multiplies by: each layer's projections, the output layer's slices."""
+        chunks = [self.lm_head[s : s + self.LOGIT_CHUNK] for s in range(0, self.lm_head.shape[0], self.LOGIT_CHUNK)]
+        return [t for w in self.layers for t in (w.qkv, w.o, w.gate_up, w.down)] + chunks
 
     # ---- prefill ---------------------------------------------------------------------------
     @torch.inference_mode()
@@ -357,6 +363,8 @@ class NativeDecoder:
         batch, kv, group = tokens.shape[0], self.kv_heads, self.heads // self.kv_heads
         bias = self.decode_bias[..., :end].expand(batch, kv, group, end).reshape(batch * kv, group, end)
         rotations = self.step_rotations[:, self.step]  # [B, 1, D/2]
+        if self.products.packing:
+            self._pack_for(batch)
         hidden = self._decode_layers(tokens, rotations, bias, self.layer_keys, self.layer_values, self.length, end)
         self.length, self.step = end, self.step + 1
         return self._output_logits(F.rms_norm(hidden, (self.hidden,), self.final_norm, self.eps))
@@ -388,10 +396,10 @@ class NativeDecoder:
         ``at``, attention over positions ``[0, end)`` with additive ``bias [B·kv, group, end]``."""
         batch, h, kv, d = tokens.shape[0], self.heads, self.kv_heads, self.head_dim
         hidden = F.embedding(tokens, self.embed)  # [B, H]
-        major = self.weight_major
+        product = self.products
         for w, keys, values in zip(self.layers, layer_keys, layer_values, strict=True):
             x = F.rms_norm(hidden, (self.hidden,), w.in_norm, self.eps)
-            qkv = linear(x, w.qkv, major)  # [B, (h + 2kv)·d]
+            qkv = product(x, w.qkv)  # [B, (h + 2kv)·d]
             if w.qkv_bias is not None:
                 qkv += w.qkv_bias
             qk = self._rope(qkv[:, : (h + kv) * d].unflatten(-1, (h + kv, d)), rotations)
@@ -407,27 +415,14 @@ class NativeDecoder:
             queries = qk[:, :h].reshape(batch * kv, h // kv, d)
             scores = torch.baddbmm(bias, queries, keys[:, :, :end].flatten(0, 1).transpose(1, 2), alpha=self.scale)
             attn = torch.bmm(torch.softmax(scores, dim=-1), values[:, :, :end].flatten(0, 1))  # [B·kv, group, d]
-            hidden = linear(attn.view(batch, h * d), w.o, major, residual=hidden)
-            hidden = self._mlp(hidden, w, major)
+            hidden = product(attn.view(batch, h * d), w.o, residual=hidden)
+            hidden = self._mlp(hidden, w, product)
         return hidden
 
     def _output_logits(self, x: Tensor) -> Tensor:
-        """``x [B, H] @ lm_headᵀ`` into the reused buffer ``self.logits[:B]``.
-
-        The output layer is the largest product of a decoding step (49k × 576 for SmolLM2).
-        Weight-major (``lm_head @ xᵀ``) it runs ~25% faster than ``x @ lm_headᵀ`` there; each
-        slice of vocabulary rows is transposed into the ``[B, V]`` logits while still in cache.
-        """
-        batch, vocab = x.shape[0], self.lm_head.shape[0]
-        logits = self.logits[:batch]
-        if not self.weight_major:
-            return torch.mm(x, self.lm_head.t(), out=logits)
-        x_t = x.t()
-        for start in range(0, vocab, self.LOGIT_CHUNK):
-            end = min(start + self.LOGIT_CHUNK, vocab)
-            part = torch.mm(self.lm_head[start:end], x_t, out=self.logits_t[: (end - start) * batch].view(-1, batch))
-            logits[:, start:end].copy_(part.t())
-        return logits
+        """``x [B, H] @ lm_headᵀ`` into the reused buffer ``self.logits[:B]``."""
+        logits = self.logits[: x.shape[0]]
+        return self.products.logits(x, self.lm_head, logits, self.logits_t, self.LOGIT_CHUNK)
 
     def release(self, keep_weights: bool = False) -> int:
         """Free what generation holds between batches: the KV cache, the step buffers and the
@@ -444,6 +439,7 @@ class NativeDecoder:
             held += list(self._copies.values())
         freed = sum(t.untyped_storage().nbytes() for t in held if t.data_ptr() not in model_weights)
         self.keys = self.values = self.logits = self.logits_t = None
+        self.products.clear()
         self.layer_keys = self.layer_values = ()
         self.step_rotations = self.decode_bias = self.real_columns = None
         if not keep_weights:

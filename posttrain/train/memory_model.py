@@ -97,6 +97,11 @@ class ModelShape:
         per_layer = h * (q + 2 * kv) + 2 * h * i + ((q * h + i * h) if lora else 0)
         return self.layers * per_layer * nbytes
 
+    def engine_packs(self) -> int:
+        """MKL's packed float32 copies of every projection and the output layer, which the
+        native engine makes on a CPU for a batch long enough to repay them (rollout/products.py)."""
+        return (self.layers * sum(a * b for a, b in self.linear_layers()) + self.vocab * self.hidden) * 4
+
     def saved_activations(self, tokens: int, nbytes: int, checkpointing: bool) -> int:
         """What a forward pass under autograd keeps for the backward pass, ``tokens`` = rows × T."""
         layer = (SAVED_PER_HIDDEN * self.hidden + SAVED_PER_INTERMEDIATE * self.intermediate) * tokens * nbytes

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from posttrain.errors import PosttrainError
+from posttrain.rollout.products import WEIGHT_MAJOR_FROM, can_pack, packs_fit
 from posttrain.train.memory_model import DTYPE_BYTES, MemoryPlan, ModelShape, Phase, human, logits_bytes, plan_lines
 
 LENGTH_SAMPLE = 2000  # rows whose lengths are measured (all of them when fewer)
@@ -154,7 +155,7 @@ def rl_plan(config: Any, shape: ModelShape, prompt_tokens: int, reward_models: S
         length = config.env.max_total_tokens or prompt_tokens + 2 * config.env.max_turns * config.max_new_tokens
     rows = config.prompts_per_step * config.samples_per_prompt
     turns = config.env is not None and config.env.max_turns > 1
-    generation = (prompt_tokens, length, engine, lora, turns)
+    generation = (prompt_tokens, length, engine, lora, turns, _packs(config, shape, engine))
     phases = [_generation("generation", shape, rows, config.prompts_per_step, *generation)]
     if config.eval_every and config.eval_size != 0:
         eval_rows = config.eval_batch_size
@@ -228,17 +229,20 @@ def micro_rows(config: Any, minibatch: int, length: int) -> int:
 
 def _generation(
     name: str, shape: ModelShape, rows: int, prompts: int, prompt_tokens: int, length: int, p: int, lora: bool,
-    turns: bool = False,
+    turns: bool = False, packs: bool = False,
 ) -> Phase:  # fmt: skip
     """The engine: its fused weights, the KV cache of every row, the prompts' prefill (one
     layer's temporaries and its attention bias) and a step's float32 logits; with ``turns`` (an
-    episode's next turn) the keys and values its last turn kept (rollout/turn_cache.py)."""
-    kept = {"kept turn": shape.kv_cache(rows, length, p)} if turns else {}
+    episode's next turn) the keys and values its last turn kept (rollout/turn_cache.py); with
+    ``packs`` the packed weights a CPU's decoding steps multiply by (rollout/products.py)."""
+    extra = {"kept turn": shape.kv_cache(rows, length, p)} if turns else {}
+    if packs:
+        extra["engine packs"] = shape.engine_packs()
     return Phase(
         name,
         {
             "KV cache": shape.kv_cache(rows, length, p),
-            **kept,
+            **extra,
             "engine weights": shape.engine_copies(p, lora),
             "prefill": shape.layer_temporaries(prompts * prompt_tokens, p) + prompts * prompt_tokens**2 * p,
             "logits": 3 * rows * shape.vocab * 4,
@@ -272,7 +276,8 @@ def offline_plan(config: Any, command: str, shape: ModelShape, example_tokens: i
     if command == "sft" and getattr(config, "eval_size", None) != 0:  # greedy answers to held-out prompts
         rows, p, lora = config.eval_batch_size, DTYPE_BYTES[config.model.dtype], config.model.lora is not None
         positions = length + config.eval_max_new_tokens  # the prompt taken as long as a whole example
-        phases.append(_generation("evaluation", shape, rows, rows, length, positions, p, lora))
+        packs = _packs(config, shape, p)
+        phases.append(_generation("evaluation", shape, rows, rows, length, positions, p, lora, packs=packs))
     return MemoryPlan(resident, phases, _runtime(config), _transient_factor(config))
 
 
@@ -280,6 +285,14 @@ CPU_TRANSIENT_FACTOR = 1.5  # measured: benchmarks/memory_plan.py's CPU cases ne
 # measured: benchmarks/gpu_step.py's memory case on one H200 allocated 1.13 (LoRA) to 1.21 (full
 # fine-tuning) times the phase the plan itemises (the kernels' own workspaces and saved tensors)
 GPU_TRANSIENT_FACTOR = 1.2
+
+
+def _packs(config: Any, shape: ModelShape, engine_bytes: int) -> bool:
+    """Whether the native engine may pack the weights it decodes with (float32 on a CPU with MKL,
+    weights that do not fit in cache, packs a small share of memory: rollout/products.py)."""
+    if not _on_cpu(config) or engine_bytes != 4 or shape.hidden < WEIGHT_MAJOR_FROM:
+        return False
+    return can_pack(torch.device("cpu"), torch.float32) and packs_fit(shape.engine_packs())
 
 
 def _on_cpu(config: Any) -> bool:

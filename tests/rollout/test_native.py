@@ -7,10 +7,28 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, GPT2Config
 
+from posttrain.rollout import native
 from posttrain.rollout.engine import build_engine
 from posttrain.rollout.native import NativeDecoder
+from posttrain.rollout.products import can_pack
 from posttrain.rollout.projections import unsupported_reason
 from tests.rollout.conftest import tiny_model
+
+MKL = can_pack(torch.device("cpu"), torch.float32)
+# the three ways a decoding step multiplies (rollout/products.py); each is chosen by size and
+# machine, and every one must compute the same
+PRODUCTS = [
+    "plain",
+    "weight-major",
+    pytest.param("packed", marks=pytest.mark.skipif(not MKL, reason="this PyTorch has no MKL (aarch64 wheels)")),
+]
+
+
+def multiply(decoder: NativeDecoder, way: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make ``decoder``'s steps multiply ``way``; packed: for every batch, however short."""
+    decoder.products.weight_major = way == "weight-major"
+    decoder.products.packing = way == "packed"
+    monkeypatch.setattr(native, "PACK_FROM_ROW_STEPS", 0)
 
 
 def transformers_logits(model, prompts, mask, continuations, repeats):
@@ -22,13 +40,13 @@ def transformers_logits(model, prompts, mask, continuations, repeats):
         return model(input_ids=ids, attention_mask=full_mask, position_ids=positions).logits
 
 
-@pytest.mark.parametrize("weight_major", [False, True], ids=["activation-major", "weight-major"])
+@pytest.mark.parametrize("way", PRODUCTS)
 @pytest.mark.parametrize("kv_heads", [None, 2], ids=["mha-untied", "gqa-tied-theta500"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_logits_equal_transformers_on_a_left_padded_batch(tokenizer, arch, kv_heads, weight_major):
+def test_logits_equal_transformers_on_a_left_padded_batch(tokenizer, arch, kv_heads, way, monkeypatch):
     model = tiny_model(tokenizer, arch, kv_heads=kv_heads)
     decoder = NativeDecoder(model)
-    decoder.weight_major = weight_major  # chosen by size; both ways must compute the same
+    multiply(decoder, way, monkeypatch)
     decoder.LOGIT_CHUNK = 7  # the output layer in several slices, the last one partial
     prompts = torch.tensor([[0, 0, 0, 5, 6, 7], [8, 9, 10, 11, 12, 13], [0, 14, 15, 16, 17, 18]])
     mask = (prompts != 0).long()
@@ -40,6 +58,42 @@ def test_logits_equal_transformers_on_a_left_padded_batch(tokenizer, arch, kv_he
     reference = transformers_logits(model, prompts, mask, continuations, repeats)
     for t, got in enumerate(logits):
         torch.testing.assert_close(got, reference[:, prompts.shape[1] - 1 + t], atol=1e-5, rtol=0)
+    assert decoder.products.rows == (6 if way == "packed" else 0)  # the packs were what multiplied
+
+
+@pytest.mark.skipif(not MKL, reason="this PyTorch has no MKL (aarch64 wheels)")
+def test_packed_weights_are_made_when_a_batch_repays_them_and_never_outlive_the_weights(tokenizer, monkeypatch):
+    model = tiny_model(tokenizer, "llama")
+    decoder = NativeDecoder(model)
+    decoder.products.packing = True
+    prompts = torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11]])
+    mask = (prompts != 0).long()
+    tokens = torch.tensor([12, 13, 14, 15])
+
+    # 4 rows × 3 steps to go: packing pays from 12 row-steps, not from 13
+    monkeypatch.setattr(native, "PACK_FROM_ROW_STEPS", 13)
+    decoder.prefill(prompts, mask, max_new_tokens=4, repeats=2)
+    decoder.decode(tokens)
+    assert decoder.products.rows == 0
+    monkeypatch.setattr(native, "PACK_FROM_ROW_STEPS", 12)
+    decoder.prefill(prompts, mask, max_new_tokens=4, repeats=2)
+    decoder.decode(tokens)
+    assert decoder.products.rows == 4
+
+    # an optimizer-like step rewrites the weights in place (same addresses): the next batch must
+    # not multiply by packs of the old values
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.5)
+    logits = [decoder.prefill(prompts, mask, max_new_tokens=4, repeats=2)]
+    assert decoder.products.rows == 0
+    logits.append(decoder.decode(tokens).clone())
+    assert decoder.products.rows == 4
+    reference = transformers_logits(model, prompts, mask, tokens[:, None], 2)
+    for t, got in enumerate(logits):
+        torch.testing.assert_close(got, reference[:, prompts.shape[1] - 1 + t], atol=1e-5, rtol=0)
+    decoder.release()
+    assert decoder.products.rows == 0
 
 
 @pytest.mark.parametrize("kv_heads", [None, 2], ids=["mha", "gqa"])
@@ -67,16 +121,17 @@ def test_a_prefix_all_prompts_share_is_encoded_once_and_gives_transformers_logit
     assert decoder.prefilled_tokens == int(mask.sum())
 
 
-@pytest.mark.parametrize("weight_major", [False, True], ids=["activation-major", "weight-major"])
+@pytest.mark.parametrize("way", PRODUCTS)
 @pytest.mark.parametrize(
     "drops",
     [{1: [0, 2, 3, 5], 2: [1, 3]}, {1: [5, 0, 3, 2], 2: [0, 2]}],
     ids=["ascending-in-place", "reordered-then-ascending"],
 )
-def test_dropping_rows_keeps_the_others_exact(tokenizer, weight_major, drops):
+def test_dropping_rows_keeps_the_others_exact(tokenizer, way, drops, monkeypatch):
     model = tiny_model(tokenizer, "qwen2", kv_heads=2)
     decoder, reference = NativeDecoder(model), NativeDecoder(model)
-    decoder.weight_major = reference.weight_major = weight_major
+    multiply(decoder, way, monkeypatch)  # packed: packed again for each smaller batch
+    multiply(reference, way, monkeypatch)
     prompts = torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11], [0, 0, 12, 13]])
     mask = (prompts != 0).long()
     steps = 4

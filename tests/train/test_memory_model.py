@@ -12,7 +12,8 @@ import torch
 from posttrain.cli import main
 from posttrain.models.tiny import build_tiny_causal_lm
 from posttrain.models.tokenizers import build_char_tokenizer
-from posttrain.train.memory_model import ModelShape
+from posttrain.rollout.products import can_pack
+from posttrain.train.memory_model import ModelShape, human
 from posttrain.train.plan import model_shape
 from posttrain.train.rl_config import load_rl_config
 
@@ -72,6 +73,22 @@ def test_the_kv_cache_is_the_engine_s():
     assert shape.kv_cache(rows=6, positions=7 + 5, nbytes=4) == held
 
 
+@pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.float32), reason="this PyTorch has no MKL (aarch64 wheels)")
+def test_the_engine_packs_are_the_weights_the_engine_packs(monkeypatch):
+    from posttrain.rollout import native
+
+    shape, model = tiny("llama", layers=2, hidden=64, heads=4)
+    decoder = native.NativeDecoder(model)
+    decoder.products.packing = True  # made from hidden 512 on; the plan's formula is the same
+    monkeypatch.setattr(native, "PACK_FROM_ROW_STEPS", 0)
+    prompts = torch.randint(5, 40, (3, 7))
+    with torch.inference_mode():
+        decoder.prefill(prompts, torch.ones_like(prompts), max_new_tokens=5, repeats=2)
+        decoder.decode(torch.randint(5, 40, (6,)))
+    assert decoder.products.rows == 6
+    assert shape.engine_packs() == decoder.products.packed_bytes()
+
+
 def _saved_bytes(model: torch.nn.Module, rows: int, length: int) -> int:
     """Bytes of the tensors autograd keeps for the backward pass of a log-prob forward (the
     parameters and the output layer's logits left out: the plan counts them apart)."""
@@ -121,6 +138,29 @@ def test_a_multi_turn_plan_holds_the_turn_the_engine_keeps_beside_the_next(tmp_p
     assert f"kept turn {cache}" in generation  # the same rows and length as the cache
     assert main([*base, "env.max_turns=1"]) == 0
     assert "kept turn" not in capsys.readouterr().out  # one turn: nothing is kept
+
+
+@pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.float32), reason="this PyTorch has no MKL (aarch64 wheels)")
+def test_a_cpu_plan_holds_the_packs_where_the_engine_makes_them(tmp_path, capsys, monkeypatch):
+    """From hidden size 512 the native engine packs the weights it decodes with on a CPU
+    (rollout/products.py): generation and evaluation hold the packs, while they are a small share of memory."""
+    from posttrain.rollout import products
+
+    base = ["rl", "--config", "posttrain/demo_rl.yaml", "model.tiny.layers=1", "device=cpu", "--plan",
+            f"output_dir={tmp_path / 'run'}"]  # fmt: skip
+
+    def generation_lines(*overrides: str) -> list[str]:
+        assert main([*base, *overrides]) == 0
+        return [line for line in capsys.readouterr().out.splitlines() if line.startswith(("  generation ", "  eval"))]
+
+    wide = generation_lines("model.tiny.hidden=512", "model.tiny.heads=8")
+    shape = model_shape(
+        load_rl_config("posttrain/demo_rl.yaml", ["model.tiny.layers=1", "model.tiny.hidden=512"]).model
+    )
+    assert len(wide) == 2 and all(f"engine packs {human(shape.engine_packs())}" in line for line in wide)
+    assert not any("engine packs" in line for line in generation_lines())  # 128 wide: its weights sit in cache
+    monkeypatch.setattr(products, "PACKS_SHARE_OF_MEMORY", shape.engine_packs() / 2**50)  # a machine too small
+    assert not any("engine packs" in line for line in generation_lines("model.tiny.hidden=512", "model.tiny.heads=8"))
 
 
 def test_sft_plan_has_its_training_step_and_evaluation(tmp_path, capsys):
