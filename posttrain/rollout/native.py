@@ -26,6 +26,7 @@ into each projection's effective weight.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -231,7 +232,7 @@ class NativeDecoder:
         pairs = torch.view_as_complex(qk.unflatten(-1, (-1, 2)))
         return torch.view_as_real(pairs * rotations).flatten(-2)
 
-    def _mlp(self, hidden: Tensor, w: FusedLayer, product=linear) -> Tensor:
+    def _mlp(self, hidden: Tensor, w: FusedLayer, product: Callable[..., Tensor] = linear) -> Tensor:
         """``hidden + down(silu(gate(x)) · up(x))`` with ``x = RMSNorm(hidden)``, for ``[N, H]``;
         ``product(x, weight, residual=None)`` multiplies (a decoding step's: ``self.products``)."""
         x = F.rms_norm(hidden, (self.hidden,), w.post_norm, self.eps)
