@@ -10,8 +10,9 @@ Three ways, all computing ``x @ weightᵀ`` (to float32 rounding):
   repacked (see :func:`linear`);
 - **packed**: MKL's own packed copy of each weight (``cblas_sgemm_pack``, through PyTorch's
   ``mkl::_mkl_linear``, the op Inductor uses for frozen CPU linears), made once for a batch's
-  row count and reused every step. SmolLM2-135M's projections at 64 rows on 2 cores: ~207
-  GFLOP/s against 143–180 weight-major (benchmarks/README.md). A pack serves products of
+  row count and reused every step. SmolLM2-135M's projections alone at 64 rows on 2 cores:
+  ~207 GFLOP/s against 143–180 weight-major; a whole generation 1.10× (benchmarks/README.md,
+  ``generation_speed.py --sides native,native-unpacked``). A pack serves products of
   exactly the row count it was made for (MKL's packed format is chosen for it) and costs a
   pass over the weights, so the decoder packs only where the rows × steps still to decode
   repay it, and drops the packs with the weights they were made from. The packs hold about as
@@ -30,9 +31,10 @@ from torch import Tensor
 
 WEIGHT_MAJOR_FROM = 512  # hidden size from which decoding multiplies weight-major (see linear)
 # Rows × steps still to decode from which packing the weights pays. SmolLM2-135M (2 cores):
-# packing all its weights takes 0.3–0.8 s and saves ~0.75 ms per row and step (48 ms a step
-# at 64 rows), so it breaks even at ~500–1,000 row-steps; a 128-token batch of 64 is 8,000.
-PACK_FROM_ROW_STEPS = 1024
+# packing all its weights takes 0.4–0.6 s; in generation_speed.py's 64 × 128 run it saved 19 ms
+# a step (0.3 ms per row and step; 80 ms a step in a profile of the step alone), so it breaks
+# even at ~1,300–2,000 row-steps; a 128-token batch of 64 is 8,128.
+PACK_FROM_ROW_STEPS = 2048
 # The most of this process's share of the machine's memory the packs may take: SmolLM2-135M's
 # 0.54 GB and a 0.5B model's 2 GB are packed on a 24 GB machine, a 1.5B model's 6 GB is not
 # (its weights, gradients and optimizer state want that memory more than decoding wants speed).
