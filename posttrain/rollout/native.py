@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posttrain.rollout.prefill_layout import lay_out
-from posttrain.rollout.products import PACK_FROM_ROW_STEPS, WEIGHT_MAJOR_FROM, StepProducts, can_pack, linear, packs_fit
+from posttrain.rollout.products import PACK_FROM_ROW_STEPS, WEIGHT_MAJOR_FROM, StepProducts, linear, packs_pay
 from posttrain.rollout.projections import (
     base_layer,
     effective_weight,
@@ -98,11 +98,8 @@ class NativeDecoder:
         self._copies: dict[str, Tensor] = {}  # derived weights by name, rewritten in place
         self.refresh()
         # there too, MKL's packed copies of the weights for a batch long enough to repay them
-        self.products.packing = (
-            self.products.weight_major
-            and can_pack(device, self.embed.dtype)
-            and packs_fit(sum(t.numel() * t.element_size() for t in self._step_weights()))
-        )
+        nbytes = sum(t.numel() * t.element_size() for t in self._step_weights())
+        self.products.packing = packs_pay(device, self.embed.dtype, self.hidden, nbytes)
 
     # ---- weights -------------------------------------------------------------------------
     @torch.no_grad()

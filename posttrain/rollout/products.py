@@ -77,6 +77,15 @@ def packs_fit(nbytes: int) -> bool:
     return nbytes <= total // int(os.environ.get("LOCAL_WORLD_SIZE", "1")) * PACKS_SHARE_OF_MEMORY
 
 
+def packs_pay(device: torch.device, dtype: torch.dtype, hidden: int, nbytes: int) -> bool:
+    """Whether the native decoder packs its ``nbytes`` of weights (``hidden`` wide) for its
+    decoding steps: where they are streamed from memory (a CPU, from :data:`WEIGHT_MAJOR_FROM`
+    wide), MKL can pack them, and the packs fit (the decoder and the memory plan both ask)."""
+    if device.type != "cpu" or hidden < WEIGHT_MAJOR_FROM:
+        return False
+    return can_pack(device, dtype) and packs_fit(nbytes)
+
+
 class StepProducts:
     """The products of a decoding step: by MKL-packed weights made for one row count where
     there are such packs (:meth:`pack`), else weight-major or plain (:func:`linear`).

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from posttrain.errors import PosttrainError
-from posttrain.rollout.products import WEIGHT_MAJOR_FROM, can_pack, packs_fit
+from posttrain.rollout.products import packs_pay
 from posttrain.train.memory_model import DTYPE_BYTES, MemoryPlan, ModelShape, Phase, human, logits_bytes, plan_lines
 
 LENGTH_SAMPLE = 2000  # rows whose lengths are measured (all of them when fewer)
@@ -290,9 +290,10 @@ GPU_TRANSIENT_FACTOR = 1.2
 def _packs(config: Any, shape: ModelShape, engine_bytes: int) -> bool:
     """Whether the native engine may pack the weights it decodes with (float32 on a CPU with MKL,
     weights that do not fit in cache, packs a small share of memory: rollout/products.py)."""
-    if not _on_cpu(config) or engine_bytes != 4 or shape.hidden < WEIGHT_MAJOR_FROM:
+    if not _on_cpu(config):
         return False
-    return can_pack(torch.device("cpu"), torch.float32) and packs_fit(shape.engine_packs())
+    dtype = torch.float32 if engine_bytes == 4 else torch.bfloat16  # a 2-byte engine dtype is never packed
+    return packs_pay(torch.device("cpu"), dtype, shape.hidden, shape.engine_packs())
 
 
 def _on_cpu(config: Any) -> bool:
