@@ -2,20 +2,26 @@
 
 A *monitor* is a reward the run measures but does not optimise: a reward function or reward
 model with weight 0 (``reward_weights``), seen on every step's samples as ``reward/<name>/mean``.
-Over the last ``monitor_window`` steps the alarm compares the older half with the newer one: it
-fires when the optimised reward (``reward/mean``, the weighted score trained on) rose *and* a
-monitor fell, each by at least :data:`T_MIN` standard errors of the difference (Welch's t over
-the per-step means) — the shape of over-optimisation, a proxy climbing while the gold score it
-was meant to track peaks and falls (Gao et al., "Scaling Laws for Reward Model
-Overoptimization", 2022). Both must move: a monitor that drifts down while the reward is flat
-is no sign of hacking, nor is a reward rising with its monitor. And the fall must last: a step
-that passes makes a *candidate*, confirmed half a window later only if the next half-window of
-steps — data the first test did not see — is again below the candidate's older half by
-:data:`T_MIN` standard errors (and the reward above it); otherwise it is dropped. A transient dip
-that a KL penalty pulls back (the RLHF example's KL run dips for ~8 steps) is so told apart
-from a sustained fall. Simulated over 300 steps under a rising reward, 500 runs each: a monitor
-of pure noise warns in 0.2% of runs (7% without the confirmation), a 10-step dip of 4 noise
-standard deviations in 0.8% (57%), a sustained fall of that size over 40 steps in 96% (98%).
+Once ``monitor_window`` steps are in, every step compares the newest half-window of steps with
+an older one — the half-window just before it, or the run's first: it fires when the optimised
+reward (``reward/mean``, the weighted score trained on) rose *and* a monitor fell, each by at
+least :data:`T_MIN` standard errors of the difference (Welch's t over the per-step means) — the
+shape of over-optimisation, a proxy climbing while the gold score it was meant to track peaks and
+falls (Gao et al., "Scaling Laws for Reward Model Overoptimization", 2022). Both must move: a
+monitor that drifts down while the reward is flat is no sign of hacking, nor is a reward rising
+with its monitor. The first half-window is where the run started from: a fall that neighbouring
+half-windows miss — once the reward sits at a plateau, or after a collapse of the reward
+interrupted the climb (the RLHF example's β = 0 run did both) — is still measured against it.
+And the fall must last: a step that passes makes a *candidate*, confirmed a window later only if
+each of the next two half-windows — data the first test did not see — is again below the
+candidate's older half by :data:`T_MIN` standard errors (and the reward above it); otherwise it
+is dropped. A dip that a KL penalty pulls back (the RLHF example's KL runs dip for 8 to 20
+steps, then rise past where they started) is so told apart from a sustained fall. Simulated with
+a window of 20 over 300 steps, the reward rising linearly from 0 to 1 and both series with
+Gaussian noise of σ = 0.05, 500 runs each, this rule against the one before it (the neighbouring
+half only, confirmed by one half-window) warns on a monitor of pure noise in 0.2% of runs (0.4%),
+on a 10-step dip of 4σ in 0.6% (1.2%), a 20-step dip in 16% (21%), and on a fall of 4σ that lasts
+40 steps in 99% (25%: over 10 steps this reward rises by less than its noise).
 
 It warns once per run, with the evidence (the two halves' means, their steps, and the three
 samples of the last step that the optimised reward paid most for relative to the monitor), and
@@ -85,22 +91,25 @@ class HackingAlarm:
     def _check(self, name: str, batch: RolloutBatch | None) -> dict[str, Any] | None:
         """Confirm ``name``'s candidate (its record) or drop it, or make one; None unless confirmed."""
         half, count = self.window // 2, len(self.steps)
-        monitor, newer = self.values[name], slice(count - half, count)
         if name in self.candidates:
             found, older = self.candidates[name]
-            if count - 1 < found + half:  # the confirming half-window is not complete yet
+            if count - 1 < found + 2 * half:  # the confirming window is not complete yet
                 return None
             del self.candidates[name]
-            fell = _welch_t(monitor[newer], monitor[older])
-            rose = _welch_t(self.optimised[older], self.optimised[newer])
-            return self._record(name, older, newer, rose, fell, found, batch) if min(rose, fell) >= T_MIN else None
-        older = slice(count - 2 * half, count - half)
-        if (
-            min(_welch_t(self.optimised[older], self.optimised[newer]), _welch_t(monitor[newer], monitor[older]))
-            >= T_MIN
-        ):
-            self.candidates[name] = (count - 1, older)
+            halves = [slice(found + 1, found + 1 + half), slice(found + 1 + half, count)]
+            rose, fell = (min(ts) for ts in zip(*(self._moves(name, older, newer) for newer in halves), strict=True))
+            return self._record(name, older, halves[-1], rose, fell, found, batch) if min(rose, fell) >= T_MIN else None
+        newer = slice(count - half, count)
+        for older in (slice(count - 2 * half, count - half), slice(0, half)):  # the last half-window, the first
+            if min(self._moves(name, older, newer)) >= T_MIN:
+                self.candidates[name] = (count - 1, older)
+                break
         return None
+
+    def _moves(self, name: str, older: slice, newer: slice) -> tuple[float, float]:
+        """Welch's t of the optimised reward's rise and of the monitor's fall from ``older`` to ``newer``."""
+        monitor = self.values[name]
+        return _welch_t(self.optimised[older], self.optimised[newer]), _welch_t(monitor[newer], monitor[older])
 
     def _record(
         self, name: str, older: slice, newer: slice, rose: float, fell: float, found: int, batch: RolloutBatch | None

@@ -348,10 +348,10 @@ class RLRun(RunOptions, OptimizerOptions):
     """Completions written to samples.jsonl per step."""
     monitor_window: int = Field(20, ge=0)
     """The reward-hacking alarm (train/hacking_alarm.py): with a monitor — a reward of weight 0 in
-    reward_weights, measured but not optimised — warn once when, over the last monitor_window
-    steps, the optimised reward rose while the monitor fell (each by ≥ 3 standard errors between
-    the window's halves) and the next half-window confirms the fall, with the evidence in
-    alarm.json, the report and posttrain view. 0: off."""
+    reward_weights, measured but not optimised — warn once when, from the half-window before the
+    newest (monitor_window / 2 steps) or from the run's first, the optimised reward rose while the
+    monitor fell (each by ≥ 3 standard errors) and the next two half-windows confirm the fall,
+    with the evidence in alarm.json, the report and posttrain view. 0: off."""
     record_rollouts: bool | Literal["auto"] = "auto"
     """Write the steps' scored batches under output_dir/rollouts/ (tensors in safetensors, text in
     JSON, with a schema version) for ``posttrain view`` and rollout.replay. true: every step (a
