@@ -78,7 +78,7 @@ class Budget:
     compare_samples: int = 4
 
 
-QUICK = Budget(sft_steps=200, rm_steps=200, ppo_steps=50, dpo_steps=100, ppo_learning_rate=3e-4, compare_prompts=40)
+QUICK = Budget(sft_steps=200, rm_steps=200, ppo_steps=60, dpo_steps=100, ppo_learning_rate=3e-4, compare_prompts=40)
 
 
 OFFLINE = {"sft": (SFTRun, run_sft), "rm": (RewardModelRun, run_reward_model), "dpo": (DPORun, run_dpo)}

@@ -38,23 +38,28 @@ def test_rlhf_example_shows_reward_hacking_and_its_mitigation(tmp_path):
         return trends[f"{run}/{key}"]["last_steps"] - trends[f"{run}/{key}"]["first_steps"]
 
     rm, true = "reward/reward_model/mean", "reward/preference_rule/mean"
+    # The runs are chaotic: the same seed on another CPU, or with two threads, samples other answers
+    # after ~20 steps (tests/examples/conftest.py). Measured over four such runs of 50-60 steps (one
+    # thread, two threads twice, CI's machine): the reward model's score rose by 1.96-3.15 in either
+    # run, the true preference by 0.18-1.01 with β and fell by 1.58-2.02 without it, the held-out
+    # win rate of PPO over SFT was 0.59-0.74 and its true preference 0.36-0.99 above SFT's. So the
+    # thresholds assert the directions the seeds claim, with room for a CPU not measured.
     # β = 0: the learned reward goes up, the true preference does not follow it
-    assert rise("ppo_beta0", rm) > 2.0, trends
+    assert rise("ppo_beta0", rm) > 1.0, trends
     assert rise("ppo_beta0", true) < 0.25, trends
-    # β > 0: both go up, and the policy stays closer to the SFT model. How far the true
-    # preference of the sampled answers climbs in 50 steps depends on float rounding (above 0.5
-    # where this test was written, 0.1 on a fresh machine with the same seed); its direction
-    # and its distance from the β = 0 run (which falls by about 1) are what the seeds claim
-    assert rise("ppo", rm) > 2.0 and rise("ppo", true) > 0.0, trends
+    # β > 0: both go up, and the policy stays closer to the SFT model
+    assert rise("ppo", rm) > 1.0 and rise("ppo", true) > 0.0, trends
     assert rise("ppo", true) - rise("ppo_beta0", true) > 0.5, trends
     assert trends["ppo/kl/ref"]["last_steps"] < trends["ppo_beta0/kl/ref"]["last_steps"], trends
     # on held-out prompts: PPO with β and DPO beat the SFT model under the rule
-    assert policies["ppo"]["win_rate_vs_sft"] > 0.55, policies["ppo"]
+    assert policies["ppo"]["win_rate_vs_sft"] > 0.5, policies["ppo"]
     assert policies["ppo"]["true_preference"] > policies["sft"]["true_preference"] + 0.2, policies
     assert policies["dpo"]["true_preference"] > policies["sft"]["true_preference"], policies
     assert policies["ppo"]["kl_to_sft_nats"] < policies["ppo_beta0"]["kl_to_sft_nats"], policies
     assert json.loads((tmp_path / "summary.json").read_text())["policies"].keys() == policies.keys()
     assert (tmp_path / "rlhf_hacking.png").stat().st_size > 10_000
     assert (tmp_path / "report.html").is_file()
+    # the alarm: raised by step 40 of 60 at one thread here (found at 20 against steps 1-10,
+    # confirmed by 21-40); the β = 0 runs above raised it at steps 40-46 (train/hacking_alarm.py)
     alarm = json.loads((tmp_path / "ppo_beta0" / "alarm.json").read_text())
     assert alarm["monitor"]["name"] == "preference_rule" and alarm["optimised"]["after"] > alarm["optimised"]["before"]
