@@ -274,7 +274,7 @@ def _encode_prompts(
     ``head`` (:func:`output_layer`) its final hidden state."""
     from transformers import DynamicCache
 
-    from posttrain.models.cache import cache_argument, returned_cache
+    from posttrain.models.cache import cache_argument, returned_cache, select_rows
 
     positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
     runner, keep = (model, {"logits_to_keep": 1}) if head is None else (model.get_decoder(), {})
@@ -287,9 +287,9 @@ def _encode_prompts(
         **cache_argument(runner, DynamicCache(config=model.config)),
     )
     cache = returned_cache(prompt_out)
-    cache.batch_select_indices(prompt_index)
+    select_rows(cache, prompt_index)
     last = prompt_out.logits if head is None else prompt_out.last_hidden_state
-    return cache, last[:, -1][prompt_index]
+    return cache, last[:, -1].index_select(0, prompt_index)  # index_select: see select_rows
 
 
 def shared_prompt_logprobs(

@@ -3,12 +3,11 @@ fires only where a test module expects it (``ALARMS_EXPECTED``: the run folders 
 e.g. the RLHF example's β = 0 run); every other run of every example stays silent.
 
 The examples run with :data:`EXAMPLE_THREADS` torch thread whatever the machine or the test
-runner: their learning outcomes depend on float rounding, which depends on the thread count. With
-one thread a run is bit-reproducible on a given CPU (the same seed twice gave the same weights);
-with two the RL update is not: two runs of the RLHF example's PPO stage from identical rollouts
-and advantages ended their first step with weights up to 2.6e-7 apart, and from step 18 sampled
-different answers. The thresholds were measured at one thread and leave room for another CPU's
-rounding (tests/examples/test_rlhf.py says how much)."""
+runner: their learning outcomes depend on float rounding, which depends on the thread count and
+the CPU, and their thresholds were measured at one thread (``make test`` gives each test one).
+On a given CPU and thread count a run repeats bit for bit (the shared-prompt backward that did
+not, at two threads: tests/models/test_logprobs.py); on another CPU it may sample other answers
+after some steps, which the thresholds leave room for (tests/examples/test_rlhf.py says how much)."""
 
 from __future__ import annotations
 

@@ -38,12 +38,13 @@ def test_rlhf_example_shows_reward_hacking_and_its_mitigation(tmp_path):
         return trends[f"{run}/{key}"]["last_steps"] - trends[f"{run}/{key}"]["first_steps"]
 
     rm, true = "reward/reward_model/mean", "reward/preference_rule/mean"
-    # The runs are chaotic: the same seed on another CPU, or with two threads, samples other answers
-    # after ~20 steps (tests/examples/conftest.py). Measured over four such runs of 50-60 steps (one
-    # thread, two threads twice, CI's machine): the reward model's score rose by 1.96-3.15 in either
-    # run, the true preference by 0.18-1.01 with β and fell by 1.58-2.02 without it, the held-out
-    # win rate of PPO over SFT was 0.59-0.74 and its true preference 0.36-0.99 above SFT's. So the
-    # thresholds assert the directions the seeds claim, with room for a CPU not measured.
+    # The runs are chaotic: the same seed with another thread count or CPU samples other answers
+    # after ~20 steps (tests/examples/conftest.py). Measured over five runs (one thread, 50 and 60
+    # steps; two threads, 50 steps, three times on two machines): the reward model's score rose by
+    # 1.96-3.15 in either run, the true preference by 0.18-1.01 with β and fell by 1.58-2.02
+    # without it, the held-out win rate of PPO over SFT was 0.59-0.74 and its true preference
+    # 0.36-0.99 above SFT's. So the thresholds assert the directions the seeds claim, with room
+    # for a CPU not measured.
     # β = 0: the learned reward goes up, the true preference does not follow it
     assert rise("ppo_beta0", rm) > 1.0, trends
     assert rise("ppo_beta0", true) < 0.25, trends

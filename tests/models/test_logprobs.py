@@ -262,3 +262,33 @@ def test_shared_prompt_forward_never_builds_the_batch_logits_unless_the_model_tr
         whole, _ = shared_prompt_logprobs(*args)
     assert max(rows_seen) > 4
     torch.testing.assert_close(whole, chunked.detach(), atol=1e-5, rtol=0)
+
+
+def test_shared_prompt_gradients_repeat_exactly_with_several_threads():
+    """The prompts' keys and values indexed out to their rows backpropagate as a sum over each
+    prompt's rows. Indexed as ``keys[rows]`` (transformers' ``batch_select_indices``), that sum is an
+    accumulating ``index_put_``, whose order on a CPU with two threads changes from one backward to
+    the next (here 12 of 29 passes over [9, 4, 17, 32] → 64 rows came out different): the same seed
+    then trained different weights (tests/examples/conftest.py). Gathered with ``index_select``
+    the gradients repeat bit for bit."""
+    from posttrain.models.logprobs import shared_prompt_logprobs
+    from posttrain.models.tiny import build_tiny_causal_lm
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        model = build_tiny_causal_lm(60, layers=2, hidden=128, heads=4, seed=0)
+        generator = torch.Generator().manual_seed(0)
+        prompt_ids = torch.randint(3, 60, (9, 17), generator=generator)
+        index = torch.randint(0, 9, (64,), generator=generator)
+        response_ids = torch.randint(3, 60, (64, 24), generator=generator)
+        ones = torch.ones(64, 24)
+        weights = torch.randn(64, 24, generator=generator)
+        prompt_mask, runs = torch.ones_like(prompt_ids), []
+        for _ in range(12):
+            logprobs, _ = shared_prompt_logprobs(model, prompt_ids, prompt_mask, response_ids, ones, index)
+            runs.append(torch.autograd.grad((logprobs * weights).sum(), list(model.parameters())))
+    finally:
+        torch.set_num_threads(threads)
+    differing = [k for k, run in enumerate(runs[1:], 1) if not all(map(torch.equal, run, runs[0]))]
+    assert differing == [], f"backward passes {differing} differ from the first"
