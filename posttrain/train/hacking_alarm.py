@@ -11,7 +11,8 @@ falls (Gao et al., "Scaling Laws for Reward Model Overoptimization", 2022). Both
 monitor that drifts down while the reward is flat is no sign of hacking, nor is a reward rising
 with its monitor. The first half-window is where the run started from: a fall that neighbouring
 half-windows miss — once the reward sits at a plateau, or after a collapse of the reward
-interrupted the climb (the RLHF example's β = 0 run did both) — is still measured against it.
+interrupted the climb (the RLHF example's β = 0 run did both) — is still measured against it
+(a resumed run's first half-window is its first after the resume: the history is not kept).
 And the fall must last: a step that passes makes a *candidate*, confirmed a window later only if
 each of the next two half-windows — data the first test did not see — is again below the
 candidate's older half by :data:`T_MIN` standard errors (and the reward above it); otherwise it
