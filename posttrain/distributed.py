@@ -29,6 +29,7 @@ RL generates with a whole copy of the policy per rank (``rollout/gathered.py``).
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -39,7 +40,14 @@ from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+
+# torch.distributed.nn (imported by DTensor on first use) gives its functions the default
+# ``group=group.WORLD``, evaluated at import: imported after init_process_group that default
+# pins the group for the life of the process, so leave() could not free it. Imported here,
+# before any group exists, the default is None.
+import torch.distributed.nn
 from torch import Tensor, nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from posttrain.config import ConfigError
@@ -371,9 +379,24 @@ def single_process_only(command: str) -> None:
         )
 
 
+def _unpin_groups() -> None:
+    """Let go of the process groups torch's caches still reach: DTensor's sharding and
+    redistribution plans keep every device mesh an op ran on, and a mesh keeps its groups."""
+    for obj in gc.get_objects():
+        if isinstance(obj, DeviceMesh):
+            getattr(obj, "_pg_registry", {}).clear()  # private: read only while torch.compile traces
+
+
 def leave() -> None:
-    """Leave the process group (at the end of a command)."""
+    """Leave the process group (at the end of a command), freeing it and joining its threads.
+
+    The command's objects are collected first: FSDP2's modules sit in reference cycles that hold
+    the group, and a group freed only in the interpreter's finalization has its backend's
+    threads still running there, which can abort the process at exit ("terminate called without
+    an active exception"; pytorch/pytorch#179291)."""
     global _WORLD
     if dist.is_initialized():
+        gc.collect()
+        _unpin_groups()
         dist.destroy_process_group()
     _WORLD = None

@@ -7,6 +7,9 @@ every rank, the critic's and the reward's state included; rank 0 alone writes th
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -100,3 +103,42 @@ def test_a_step_the_ranks_cannot_split_into_whole_groups_is_refused_before_loadi
     assert any(line.startswith(message) for line in result.stderr.splitlines())
     assert f"traceback : {message}" in result.stderr
     assert not (tmp_path / "odd").exists()
+
+
+# Runs ``posttrain.cli.main`` on each rank, then reports whether the world process group still
+# exists once main has returned, i.e. before the interpreter's finalization.
+OUTLIVES = """
+import os, sys, weakref
+import torch.distributed as dist
+import posttrain.distributed
+from posttrain.cli import main
+
+left = []
+leave = posttrain.distributed.leave
+def watched_leave():
+    if dist.is_initialized():
+        left.append(weakref.ref(dist.distributed_c10d._get_default_group()))
+    leave()
+posttrain.distributed.leave = watched_leave
+code = main()
+outlives = any(ref() is not None for ref in left)
+with open(f"{sys.argv[-1].split('=', 1)[1]}.rank{os.environ['RANK']}", "w") as report:
+    report.write(f"left its group: {bool(left)}; the group outlives main: {outlives}")
+sys.exit(code)
+"""
+
+
+def test_an_fsdp2_rank_frees_its_process_group_before_the_interpreter_exits(tmp_path):
+    """What held it after destroy_process_group: FSDP2's modules in reference cycles, and torch's
+    caches of DTensor plans keeping their device meshes, which keep their groups. A group freed
+    only in the interpreter's finalization has gloo's threads running there, a way for a rank to
+    abort at exit ("terminate called without an active exception") after a finished run."""
+    script = tmp_path / "outlives.py"
+    script.write_text(OUTLIVES)
+    args = [*RL, *RUNS["grpo"], "steps=1", "strategy=fsdp2", f"output_dir={tmp_path / 'run'}"]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+    run = subprocess.run([*launcher, str(script), *args], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    said = [(tmp_path / f"run.rank{rank}").read_text() for rank in (0, 1)]
+    assert said == ["left its group: True; the group outlives main: False"] * 2
