@@ -74,11 +74,20 @@ class Budget:
     ppo_steps: int = 150
     dpo_steps: int = 300
     ppo_learning_rate: float = 1e-4
+    dpo_learning_rate: float = 1e-4
     compare_prompts: int = 100
     compare_samples: int = 4
 
 
-QUICK = Budget(sft_steps=200, rm_steps=200, ppo_steps=60, dpo_steps=100, ppo_learning_rate=3e-4, compare_prompts=40)
+QUICK = Budget(
+    sft_steps=200,
+    rm_steps=200,
+    ppo_steps=60,
+    dpo_steps=100,
+    ppo_learning_rate=3e-4,
+    dpo_learning_rate=5e-4,
+    compare_prompts=40,
+)
 
 
 OFFLINE = {"sft": (SFTRun, run_sft), "rm": (RewardModelRun, run_reward_model), "dpo": (DPORun, run_dpo)}
@@ -102,12 +111,13 @@ def run_stages(out: Path, budget: Budget, seed: int, echo: Callable[[str], None]
         f"steps={budget.ppo_steps}",
         f"learning_rate={budget.ppo_learning_rate}",
     ]
+    dpo_rate = f"learning_rate={budget.dpo_learning_rate}"
     stages = [  # (run directory, command, config, overrides)
         ("sft", "sft", "rlhf_sft.yaml", [f"steps={budget.sft_steps}"]),
         ("rm", "rm", "rlhf_rm.yaml", [f"model.path={sft}", f"steps={budget.rm_steps}"]),
         ("ppo", "rl", "rlhf_ppo.yaml", ppo),
         ("ppo_beta0", "rl", "rlhf_ppo.yaml", [*ppo, *BETA_ZERO]),
-        ("dpo", "dpo", "rlhf_dpo.yaml", [f"model.path={sft}", f"steps={budget.dpo_steps}"]),
+        ("dpo", "dpo", "rlhf_dpo.yaml", [f"model.path={sft}", f"steps={budget.dpo_steps}", dpo_rate]),
     ]
     seconds = {}
     for name, kind, config_file, overrides in stages:
