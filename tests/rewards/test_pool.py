@@ -198,8 +198,10 @@ def test_workers_are_reused_between_calls_and_stopped_by_close():
     with RewardSet([NamedReward("pid", worker_pid, chunks=2)], workers=2) as rewards:
         first = set(rewards.score(*batch(4)).components[:, 0].tolist())
         second = set(rewards.score(*batch(4)).components[:, 0].tolist())
-        assert first == second and rewards._pool.started == 2
         processes = [w.process for w in rewards._pool._workers]
+        # which worker takes which chunk is the scheduler's (a busy machine may give one worker
+        # both): every chunk of both calls ran in one of the two workers started once
+        assert first | second <= {float(p.pid) for p in processes} and rewards._pool.started == 2
     assert all(p.poll() is not None for p in processes)
 
 
