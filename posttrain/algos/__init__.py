@@ -32,7 +32,7 @@ from posttrain.algos.masked import (
     masked_var,
     masked_whiten,
 )
-from posttrain.algos.preference import bradley_terry_loss, dpo_loss
+from posttrain.algos.preference import bradley_terry_loss, chosen_nll, dpo_loss
 from posttrain.algos.registry import (
     ADVANTAGE_ESTIMATORS,
     BASELINES,
@@ -68,6 +68,7 @@ __all__ = [
     "actor_loss",
     "aggregate_loss",
     "bradley_terry_loss",
+    "chosen_nll",
     "dapo_group_filter",
     "discounted_returns",
     "dpo_loss",

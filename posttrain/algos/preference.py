@@ -138,6 +138,21 @@ def robust(
     return noisy / (1.0 - 2.0 * label_smoothing)
 
 
+def chosen_nll(policy_chosen: Tensor, chosen_lengths: Tensor) -> Tensor:
+    """RPO's likelihood term: mean over pairs of −π_w / n_w, the preferred response's negative
+    log-likelihood per token (``policy_chosen`` summed log-probs ``[N]``, ``chosen_lengths`` its
+    token counts).
+
+    Added to a DPO loss with weight α it keeps the preferred answers likely: DPO alone can lower
+    the chosen and rejected log-probs together while their margin grows, and the policy then
+    drifts away from the data (Llama 3's DPO adds this term with α = 0.2).
+    Convention (docs/algorithms.md §5.6): normalised per pair, as in the paper's eq. 3; TRL's
+    ``rpo_alpha`` averages over all the micro-batch's chosen tokens instead.
+    Source: Pang et al., "Iterative Reasoning Preference Optimization", 2024, eq. 3.
+    """
+    return (-policy_chosen / chosen_lengths.clamp(min=1)).mean()
+
+
 def dpo_loss(
     policy_chosen: Tensor,
     policy_rejected: Tensor,
@@ -147,15 +162,22 @@ def dpo_loss(
     loss_type: str = "sigmoid",
     *,
     label_smoothing: float = 0.0,
+    nll_coef: float = 0.0,
     chosen_lengths: Tensor | None = None,
     rejected_lengths: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """A DPO-family loss on summed completion log-probs ``[N]``, averaged over pairs.
+    """A DPO-family loss on summed completion log-probs ``[N]``, averaged over pairs, plus
+    ``nll_coef`` α × :func:`chosen_nll` (RPO; α = 0 is off, the paper uses 1).
 
     ``loss_type`` names a ``PREFERENCE_LOSSES`` entry (sigmoid, ipo, hinge, robust, ...).
     Metrics use the implicit reward β·(log π − log π_ref): ``rewards/chosen``,
-    ``rewards/rejected``, ``rewards/margin`` and ``rewards/accuracy`` (chosen above rejected).
+    ``rewards/rejected``, ``rewards/margin`` and ``rewards/accuracy`` (chosen above rejected);
+    with ``chosen_lengths``, also ``nll`` (the chosen responses' NLL per token).
     """
+    if nll_coef < 0:
+        raise ValueError(f"nll_coef must be >= 0, got {nll_coef}")
+    if nll_coef and chosen_lengths is None:
+        raise ValueError("nll_coef needs chosen_lengths (the NLL term is per token)")
     chosen_logratios = policy_chosen - ref_chosen
     rejected_logratios = policy_rejected - ref_rejected
     per_pair = PREFERENCE_LOSSES[loss_type](
@@ -175,4 +197,8 @@ def dpo_loss(
             "rewards/margin": (chosen_reward - rejected_reward).mean(),
             "rewards/accuracy": (chosen_reward > rejected_reward).to(chosen_reward.dtype).mean(),
         }
-    return per_pair.mean(), metrics
+    if chosen_lengths is None:
+        return per_pair.mean(), metrics
+    nll = chosen_nll(policy_chosen, chosen_lengths)
+    metrics["nll"] = nll.detach()
+    return (per_pair.mean() + nll_coef * nll if nll_coef else per_pair.mean()), metrics

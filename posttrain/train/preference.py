@@ -101,7 +101,8 @@ def sequence_logprob_sums(model: nn.Module, batch: Mapping[str, Tensor]) -> tupl
 
 class DPOObjective:
     """The DPO family (sigmoid, ipo, hinge, robust; label smoothing = cDPO) on summed
-    completion log-probs against a frozen reference (docs/algorithms.md §5.1–5.4).
+    completion log-probs against a frozen reference, plus ``nll_coef`` × the chosen responses'
+    NLL per token (RPO; docs/algorithms.md §5.1–5.4, 5.6).
 
     The reference is a frozen copy of the initial policy unless ``reference`` is given (with
     LoRA, pass the policy itself and a ``reference_context`` that disables the adapters, so
@@ -119,11 +120,13 @@ class DPOObjective:
         beta: float = 0.1,
         loss_type: str = "sigmoid",
         label_smoothing: float = 0.0,
+        nll_coef: float = 0.0,
         reference: nn.Module | None = None,
         reference_context: Any = None,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.beta, self.loss_type, self.label_smoothing = beta, loss_type, label_smoothing
+        self.nll_coef = nll_coef
         self.reference_context = reference_context
         if reference is None and reference_context is None:
             reference = copy.deepcopy(model).eval().requires_grad_(False)
@@ -150,6 +153,7 @@ class DPOObjective:
             beta=self.beta,
             loss_type=self.loss_type,
             label_smoothing=self.label_smoothing,
+            nll_coef=self.nll_coef,
             chosen_lengths=lengths[:n],
             rejected_lengths=lengths[n:],
         )

@@ -107,6 +107,10 @@ class DPORun(LoopConfig):
     label_smoothing: float = Field(0.0, ge=0, lt=0.5)
     """Label noise ε, read by the sigmoid loss (conservative DPO) and robust DPO; ipo and hinge
     have no noise term, so a nonzero value with them is refused (as TRL defines it)."""
+    nll_coef: float = Field(0.0, ge=0)
+    """Weight α of the chosen responses' NLL per token added to the loss (RPO; TRL's
+    ``rpo_alpha``, the paper's 1.0; Llama 3 used 0.2): keeps the preferred answers likely while
+    the margin grows. 0 is plain DPO."""
 
     @model_validator(mode="after")
     def _smoothing_is_used(self) -> DPORun:
@@ -305,6 +309,7 @@ def run_dpo(config: DPORun) -> list[dict[str, float]]:
         beta=config.beta,
         loss_type=config.loss_type,
         label_smoothing=config.label_smoothing,
+        nll_coef=config.nll_coef,
         reference=reference,
         reference_context=reference_context,
     )

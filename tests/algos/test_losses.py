@@ -55,6 +55,28 @@ def test_dpo_loss_wraps_the_registry_and_reports_implicit_rewards():
     torch.testing.assert_close(hinge, t(0.75))
 
 
+def test_rpo_adds_the_chosen_responses_nll_per_token():
+    # Δ_w = [1, 0], Δ_l = [−1, 1], β = .5; chosen sums π_w = [−1, −2] over n_w = [2, 4] tokens
+    args = (t([-1.0, -2.0]), t([-3.0, -1.0]), t([-2.0, -2.0]), t([-2.0, -2.0]))
+    lengths = {"chosen_lengths": t([2.0, 4.0]), "rejected_lengths": t([3.0, 3.0])}
+    plain, metrics = dpo_loss(*args, beta=0.5, **lengths)
+    torch.testing.assert_close(metrics["nll"], t((0.5 + 0.5) / 2))  # mean of −π_w / n_w
+    rpo, _ = dpo_loss(*args, beta=0.5, nll_coef=2.0, **lengths)
+    torch.testing.assert_close(rpo, plain + 2.0 * 0.5)
+
+    # the term's gradient raises each chosen log-prob by α / (N·n_w) more, rejected ones as before
+    def gradients(nll_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
+        chosen, rejected = args[0].clone().requires_grad_(), args[1].clone().requires_grad_()
+        dpo_loss(chosen, rejected, *args[2:], beta=0.5, nll_coef=nll_coef, **lengths)[0].backward()
+        return chosen.grad, rejected.grad
+
+    (chosen_plain, rejected_plain), (chosen_rpo, rejected_rpo) = gradients(0.0), gradients(2.0)
+    torch.testing.assert_close(chosen_rpo - chosen_plain, t([-0.5, -0.25]))
+    torch.testing.assert_close(rejected_rpo, rejected_plain)
+    with pytest.raises(ValueError, match="nll_coef needs chosen_lengths"):
+        dpo_loss(*args, nll_coef=1.0)
+
+
 def test_dpo_rejects_bad_options():
     args = (t([0.0]), t([0.0]), t([0.0]), t([0.0]))
     with pytest.raises(KeyError, match="valid names: hinge, ipo, robust, sigmoid"):

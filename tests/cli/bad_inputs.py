@@ -125,6 +125,7 @@ COMMAND_CONFIGS = {
         ("label_smoothing=0.7", ["label_smoothing"]),
         ("loss_type=ipo ; label_smoothing=0.1", ["label_smoothing", "ipo"]),
         ("loss_type=hinge ; label_smoothing=0.1", ["label_smoothing", "hinge"]),
+        ("nll_coef=-0.5", ["nll_coef"]),
         ("data.task=reverse ; data.n_eval=9", ["prompt_completion", "preference"]),
     ],
     "rl": [
