@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """RLHF end to end on a CPU (seed 000, example 3; seeds 001 and 002), and reward hacking.
 
-Five runs, each an ordinary ``posttrain`` command driven by a config in ``configs/``:
+Six runs, each an ordinary ``posttrain`` command driven by a config in ``configs/``:
 
 1. **SFT** on demonstrations (``rlhf_sft.yaml``): the preferred response of each pair of the
    synthetic preference task, whose "human raters" are a fixed rule
@@ -13,6 +13,8 @@ Five runs, each an ordinary ``posttrain`` command driven by a config in ``config
    preference peaks and falls and the text degenerates — over-optimisation of a learned
    reward (Gao et al., "Scaling Laws for Reward Model Overoptimization", 2022).
 5. **DPO** (``rlhf_dpo.yaml``) on the same pairs, from the same SFT model.
+6. **DPO with RPO's NLL term** (the same config, ``nll_coef=0.2``): the chosen answers' own
+   likelihood kept up, so the policy stays near the language of the data.
 
 Then every policy samples the same held-out prompts and is scored on one table: reward-model
 score, true preference (the rule), win rate against the SFT model's samples under the rule,
@@ -21,7 +23,7 @@ KL to the SFT model, share of responses that repeat a word, and training wall ti
     .venv/bin/python examples/rlhf.py                    # about 7 minutes on 2 cores
     .venv/bin/python examples/rlhf.py --quick            # the test suite's short version
 
-Writes ``runs/rlhf/``: ``sft/ rm/ ppo/ ppo_beta0/ dpo/`` (each a normal run directory),
+Writes ``runs/rlhf/``: ``sft/ rm/ ppo/ ppo_beta0/ dpo/ rpo/`` (each a normal run directory),
 ``rlhf_hacking.png``, ``report.html`` and ``summary.json``.
 """
 
@@ -75,6 +77,7 @@ class Budget:
     dpo_steps: int = 300
     ppo_learning_rate: float = 1e-4
     dpo_learning_rate: float = 1e-4
+    rpo_nll_coef: float = 0.2  # Llama 3's weight; 1.0 (the paper's) kept it nearer SFT and won less
     compare_prompts: int = 100
     compare_samples: int = 4
 
@@ -103,7 +106,7 @@ def run_stage(kind: str, config_file: str, overrides: list[str]) -> None:
 
 
 def run_stages(out: Path, budget: Budget, seed: int, echo: Callable[[str], None] = print) -> dict[str, float]:
-    """Train the five models into ``out/<stage>``; returns each stage's wall seconds."""
+    """Train the six models into ``out/<stage>``; returns each stage's wall seconds."""
     sft, rm = out / "sft" / "final", out / "rm" / "final"
     ppo = [
         f"model.path={sft}",
@@ -111,13 +114,14 @@ def run_stages(out: Path, budget: Budget, seed: int, echo: Callable[[str], None]
         f"steps={budget.ppo_steps}",
         f"learning_rate={budget.ppo_learning_rate}",
     ]
-    dpo_rate = f"learning_rate={budget.dpo_learning_rate}"
+    dpo = [f"model.path={sft}", f"steps={budget.dpo_steps}", f"learning_rate={budget.dpo_learning_rate}"]
     stages = [  # (run directory, command, config, overrides)
         ("sft", "sft", "rlhf_sft.yaml", [f"steps={budget.sft_steps}"]),
         ("rm", "rm", "rlhf_rm.yaml", [f"model.path={sft}", f"steps={budget.rm_steps}"]),
         ("ppo", "rl", "rlhf_ppo.yaml", ppo),
         ("ppo_beta0", "rl", "rlhf_ppo.yaml", [*ppo, *BETA_ZERO]),
-        ("dpo", "dpo", "rlhf_dpo.yaml", [f"model.path={sft}", f"steps={budget.dpo_steps}", dpo_rate]),
+        ("dpo", "dpo", "rlhf_dpo.yaml", dpo),
+        ("rpo", "dpo", "rlhf_dpo.yaml", [*dpo, f"nll_coef={budget.rpo_nll_coef}"]),
     ]
     seconds = {}
     for name, kind, config_file, overrides in stages:
@@ -220,7 +224,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     seconds = run_stages(out, budget, args.seed)
     held_out = get_task("preference")(1, budget.compare_prompts, args.seed).held_out
     table = compare_policies(
-        out, ["ppo", "ppo_beta0", "dpo"], [r["prompt"] for r in held_out], budget.compare_samples, args.seed
+        out, ["ppo", "ppo_beta0", "dpo", "rpo"], [r["prompt"] for r in held_out], budget.compare_samples, args.seed
     )
     for name, row in table.items():
         row["train_seconds"] = seconds.get(name)
@@ -244,10 +248,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     samples = {name: "\n".join(row["examples"]) for name, row in table.items()}
     write_report(
         out,
-        title="posttrain RLHF: SFT, reward model, PPO with and without KL, DPO",
+        title="posttrain RLHF: SFT, reward model, PPO with and without KL, DPO with and without NLL",
         figures=["rlhf_hacking.png"],
         preformatted={"Held-out comparison": "\n".join(lines), **{f"Samples: {k}": v for k, v in samples.items()}},
-        links={name: f"{name}/report.html" for name in ("sft", "rm", "ppo", "ppo_beta0", "dpo")},
+        links={name: f"{name}/report.html" for name in ("sft", "rm", "ppo", "ppo_beta0", "dpo", "rpo")},
     )
     print("\n".join(["", *lines, "", f"[rlhf] report: {out / 'report.html'} ({summary['total_seconds']:.0f} s)"]))
     return summary
