@@ -197,8 +197,10 @@ def dpo_loss(
             "rewards/margin": (chosen_reward - rejected_reward).mean(),
             "rewards/accuracy": (chosen_reward > rejected_reward).to(chosen_reward.dtype).mean(),
         }
-    if chosen_lengths is None:
-        return per_pair.mean(), metrics
-    nll = chosen_nll(policy_chosen, chosen_lengths)
-    metrics["nll"] = nll.detach()
-    return (per_pair.mean() + nll_coef * nll if nll_coef else per_pair.mean()), metrics
+    loss = per_pair.mean()
+    if chosen_lengths is not None:
+        nll = chosen_nll(policy_chosen, chosen_lengths)
+        metrics["nll"] = nll.detach()
+        if nll_coef:  # only then: plain DPO's loss stays exactly what it was
+            loss = loss + nll_coef * nll
+    return loss, metrics
