@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         title="posttrain RLHF: SFT, reward model, PPO with and without KL, DPO with and without NLL",
         figures=["rlhf_hacking.png"],
         preformatted={"Held-out comparison": "\n".join(lines), **{f"Samples: {k}": v for k, v in samples.items()}},
-        links={name: f"{name}/report.html" for name in ("sft", "rm", "ppo", "ppo_beta0", "dpo", "rpo")},
+        links={name: f"{name}/report.html" for name in seconds},  # every stage, in order
     )
     print("\n".join(["", *lines, "", f"[rlhf] report: {out / 'report.html'} ({summary['total_seconds']:.0f} s)"]))
     return summary
