@@ -115,7 +115,8 @@ def main() -> None:
         "--sides",
         default="generate,native,transformers",
         help="comma-separated sides to time; 'native-unpacked' is the native engine without MKL-packed weights "
-        "(rollout/products.py: it packs them from hidden size 512 on, for batches long enough to repay it)",
+        "(rollout/products.py: it packs them from hidden size 512 on, for batches long enough to repay it); "
+        "'native-compiled' decodes over fixed shapes with the layers compiled (rollout.compile_step)",
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -157,6 +158,12 @@ def main() -> None:
     if "native-unpacked" in chosen:
         engines["native-unpacked"] = build_engine(model, tokenizer, "native")
         engines["native-unpacked"].decoder.products.packing = False
+    if "native-compiled" in chosen:
+        start = time.perf_counter()
+        engines["native-compiled"] = build_engine(model, tokenizer, "native", compile_step=True)
+        engines["native-compiled"].eos_id = never
+        engines["native-compiled"].generate(prompts, sampling)  # the compile, timed apart from the turns
+        compile_seconds = time.perf_counter() - start
     for engine in engines.values():
         engine.eos_id = never
     sides: dict[str, Callable[[], object]] = {"generate": hf_generate}
@@ -184,6 +191,8 @@ def main() -> None:
     if foreign is not None:
         note = "  (timings unreliable: the machine was shared)" if foreign > 0.1 else ""
         print(f"other processes kept {foreign:.2f} cores busy during the timed runs{note}")
+    if "native-compiled" in engines:
+        print(f"native-compiled: first call (the compile) {compile_seconds:.1f} s")
     record = {
         "bench": "generation_speed",
         "sequences": sequences,
@@ -199,6 +208,9 @@ def main() -> None:
         "native_split_ms": {key: round(value, 2) for key, value in split.items()},
         "other_processes_cores": None if foreign is None else round(foreign, 2),
     }
+    if "native-compiled" in engines:  # its first call, compile included, before the timed turns
+        record["compiled_first_call_s"] = round(compile_seconds, 1)
+        record["speedup_compiled_over_generate"] = round(results["generate"] / results["native-compiled"], 2)
     print(json.dumps(record))
 
 

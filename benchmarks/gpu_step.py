@@ -90,10 +90,13 @@ def prompts(count: int, vocab: int, seed: int = 0) -> list[list[int]]:
     return [torch.randint(2, vocab, (n,), generator=rng).tolist() for n in lengths]
 
 
-def engine(model: torch.nn.Module, graphs: bool | None, dtype: torch.dtype | None = None) -> LocalEngine:
-    """The native engine: step by step (``graphs`` None), or fixed-shape steps, graphed or eager."""
+def engine(
+    model: torch.nn.Module, graphs: bool | None, dtype: torch.dtype | None = None, compiled: bool = False
+) -> LocalEngine:
+    """The native engine: step by step (``graphs`` None), or fixed-shape steps, graphed or eager,
+    their layers compiled or not (``rollout.compile_step``)."""
     decoder = NativeDecoder(model, dtype=dtype)
-    static = None if graphs is None else StaticDecoding(decoder, graphs=graphs)
+    static = None if graphs is None else StaticDecoding(decoder, graphs=graphs, compiled=compiled)
     return LocalEngine(model, token_ids(model), decoder, static=static)
 
 
@@ -130,21 +133,26 @@ def case_engine(args: argparse.Namespace, device: torch.device, bandwidth: float
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = shaped_model(args.shape, dtype, device)
     fast = "graphs" if device.type == "cuda" else "fixed_shape"  # a CPU runs the fixed-shape step eagerly
-    sides = {"step_by_step": engine(model, None), fast: engine(model, device.type == "cuda")}
+    sides = {
+        "step_by_step": engine(model, None),
+        fast: engine(model, device.type == "cuda"),
+        f"{fast}_compiled": engine(model, device.type == "cuda", compiled=True),
+    }
     new = args.new_tokens
     for rows in args.rows:
         batch = prompts(rows // 8, model.config.vocab_size)
         sampling = SamplingParams(n=8, max_new_tokens=new, seed=0)
         calls = {k: (lambda e=e, b=batch, s=sampling: e.generate(b, s)) for k, e in sides.items()}
-        seconds = take_turns(calls, args.repeats)
+        seconds = take_turns(calls, args.repeats)  # warmed up first: the compile is not timed
         context = statistics.mean(map(len, batch)) + new / 2
         for name, s in seconds.items():
             share = None if bandwidth is None else step_bytes(model, rows, context) / bandwidth / (s / new)
             emit("engine", engine=name, rows=rows, new_tokens=new, seconds=round(s, 4),
                  tokens_per_s=round(rows * new / s), ms_per_step=round(s / new * 1e3, 3),
                  bandwidth_share=None if share is None else round(share, 3))  # fmt: skip
-        first, second = seconds.values()
-        emit("engine", rows=rows, speedup=round(first / second, 2))
+        base = seconds["step_by_step"]
+        emit("engine", rows=rows, speedup=round(base / seconds[fast], 2),
+             speedup_compiled=round(base / seconds[f"{fast}_compiled"], 2))  # fmt: skip
     batch = prompts(8, model.config.vocab_size)
     ids = torch.nn.utils.rnn.pad_sequence([torch.tensor(p[::-1]) for p in batch], batch_first=True).flip(1)
     mask = (ids != 0).long()
@@ -221,10 +229,25 @@ def case_checks(args: argparse.Namespace, device: torch.device) -> None:
     recaptured = graphed.static.captures > captures or not graphs
     check("rebound_parameter_seen", worst <= args.tolerance and recaptured, max_abs=worst)
     turn_cache_check(graphed, eager, batch, stopping, args.tolerance)
+    compiled_checks(model, graphs, batch, stopping, args.tolerance)
     shadow = engine(model, graphs, dtype=torch.bfloat16)
     worst, mean = full_forward_gap(model, shadow.generate(batch, sampling))
     check("bf16_copies_gap", mean < 0.05, max_abs=worst, mean_abs=mean)
     packed_checks(model, shadow.generate(batch, sampling))
+
+
+def compiled_checks(model: torch.nn.Module, graphs: bool, batch: list, stopping: SamplingParams, tolerance: float):
+    """The step compiled (and graphed on a GPU) samples the eager step's tokens, and sees an update."""
+    compiled, eager = engine(model, graphs, compiled=True), engine(model, False)
+    out, same = compiled.generate(batch, stopping), eager.generate(batch, stopping)
+    gap = float((same.logprobs - out.logprobs).abs().max())
+    equal = torch.equal(same.response_ids, out.response_ids) and same.finish_reasons == out.finish_reasons
+    check("compiled_equals_eager_with_stops", equal and gap <= 1e-5, max_abs=gap)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p), alpha=0.02)
+    worst, _ = full_forward_gap(model, compiled.generate(batch, stopping))
+    check("compiled_update_seen", worst <= tolerance, max_abs=worst)
 
 
 def turn_cache_check(graphed: LocalEngine, eager: LocalEngine, batch: list, first: SamplingParams, tolerance: float):

@@ -376,6 +376,7 @@ def build_engine(
     mailbox: WeightMailbox | None = None,
     dtype: torch.dtype | None = None,
     cuda_graphs: bool = True,
+    compile_step: bool = False,
 ) -> LocalEngine | VLLMEngine:
     """A rollout engine for ``model``: ``native`` for Llama/Qwen2 weights, ``transformers`` for any
     causal LM, ``auto`` picks native when the model is supported (all three a :class:`LocalEngine`);
@@ -385,7 +386,8 @@ def build_engine(
     ``dtype``: on an accelerator the native decoder computes in copies of the weights in this
     dtype (bf16 over float32 masters; a CPU without fast bf16 products keeps the weights' own).
     ``cuda_graphs``: on a CUDA device the native decoder's steps are replayed as CUDA graphs
-    (static_decode.py)."""
+    (static_decode.py). ``compile_step``: the native decoder's steps run over fixed shapes, their
+    layers compiled by ``torch.compile`` (any device; a one-time compile of several seconds)."""
     if kind not in ENGINE_KINDS:
         raise ValueError(f"unknown rollout engine {kind!r}; valid: {', '.join(ENGINE_KINDS)}")
     if kind == "vllm":
@@ -401,5 +403,5 @@ def build_engine(
     device = next(model.parameters()).device
     decoder = NativeDecoder(model, dtype=None if device.type == "cpu" else dtype)
     graphed = cuda_graphs and device.type == "cuda"
-    static = StaticDecoding(decoder, graphs=True) if graphed else None
+    static = StaticDecoding(decoder, graphs=graphed, compiled=compile_step) if graphed or compile_step else None
     return LocalEngine(model, tokenizer, decoder, policy_version, mailbox, static)

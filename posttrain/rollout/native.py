@@ -26,7 +26,7 @@ into each projection's effective weight.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -44,6 +44,7 @@ from posttrain.rollout.projections import (
     is_peft_model,
     unsupported_reason,
 )
+from posttrain.rollout.rotary import rotate_pairs
 
 if TYPE_CHECKING:
     from posttrain.rollout.turn_cache import Reuse
@@ -220,15 +221,6 @@ class NativeDecoder:
         angles = self._angles[positions]
         return torch.complex(angles.cos(), angles.sin())
 
-    def _rope(self, qk: Tensor, rotations: Tensor) -> Tensor:
-        """Rotate pair-interleaved ``qk [..., heads, D]`` by ``rotations [..., 1, D/2]`` (complex)."""
-        if qk.dtype != torch.float32:  # no complex type below float32: rotate in float32
-            return self._rope(qk.float(), rotations).to(qk.dtype)
-        if qk.stride(-1) != 1:  # a weight-major projection's output (see linear)
-            qk = qk.contiguous()
-        pairs = torch.view_as_complex(qk.unflatten(-1, (-1, 2)))
-        return torch.view_as_real(pairs * rotations).flatten(-2)
-
     def _mlp(self, hidden: Tensor, w: FusedLayer, product: Callable[..., Tensor] = linear) -> Tensor:
         """``hidden + down(silu(gate(x)) · up(x))`` with ``x = RMSNorm(hidden)``, for ``[N, H]``;
         ``product(x, weight, residual=None)`` multiplies (a decoding step's: ``self.products``)."""
@@ -334,7 +326,7 @@ class NativeDecoder:
         for index, w in enumerate(self.layers):
             x = F.rms_norm(hidden, (self.hidden,), w.in_norm, self.eps)
             qkv = F.linear(x, w.qkv, w.qkv_bias)  # [U, P, (h + 2kv)·d]
-            qk = self._rope(qkv[..., : (h + kv) * d].unflatten(-1, (h + kv, d)), rotations).transpose(1, 2)
+            qk = rotate_pairs(qkv[..., : (h + kv) * d].unflatten(-1, (h + kv, d)), rotations).transpose(1, 2)
             q, k = qk[:, :h], qk[:, h:]  # [U, heads, P, d]
             v = qkv[..., (h + kv) * d :].unflatten(-1, (kv, d)).transpose(1, 2)
             # every sample of a prompt starts from the same keys and values
@@ -363,21 +355,32 @@ class NativeDecoder:
         rotations = self.step_rotations[:, self.step]  # [B, 1, D/2]
         if self.products.packing:
             self._pack_for(batch)
-        hidden = self._decode_layers(tokens, rotations, bias, self.layer_keys, self.layer_values, self.length, end)
+        hidden = self._decode_layers(
+            tokens, rotations, bias, self.layer_keys, self.layer_values, self.length, end, self.products
+        )
         self.length, self.step = end, self.step + 1
         return self._output_logits(F.rms_norm(hidden, (self.hidden,), self.final_norm, self.eps))
 
     def decode_at(
-        self, tokens: Tensor, keys: Tensor, values: Tensor, bias: Tensor, rotations: Tensor, slot: Tensor, span: int
+        self,
+        tokens: Tensor,
+        keys: Sequence[Tensor],
+        values: Sequence[Tensor],
+        bias: Tensor,
+        rotations: Tensor,
+        slot: Tensor,
+        product: Callable[..., Tensor] | None = None,
     ) -> Tensor:
-        """One decoding step over fixed shapes, for a step captured as a CUDA graph: the token of
-        each row ``tokens [B]`` goes to cache position ``slot`` (a one-element long tensor, so no
-        Python number changes from step to step) of ``keys``/``values [layers, B, kv, C, D]``;
-        attention covers positions below ``span`` (> slot), ``bias [B, 1, 1, C]`` masking those
-        not written yet; ``rotations [B, 1, D/2]``. Returns new logits ``[B, V]``."""
-        batch, kv, group = tokens.shape[0], self.kv_heads, self.heads // self.kv_heads
-        bias = bias[..., :span].expand(batch, kv, group, span).reshape(batch * kv, group, span)
-        hidden = self._decode_layers(tokens, rotations, bias, keys.unbind(0), values.unbind(0), slot, span)
+        """One decoding step over fixed shapes (static_decode.py), for a step captured as a CUDA
+        graph or compiled: the token of each row ``tokens [B]`` goes to cache position ``slot``
+        (a one-element long tensor, so no Python number changes from step to step) of each
+        layer's ``keys``/``values [B, kv, C, D]``; attention covers the ``span`` positions of
+        ``bias [B, 1, 1, span]`` (span > slot), which masks those not written yet; ``rotations``
+        ``[B, 1, D/2]`` complex or ``[B, 1, D/2, 2]`` real (see ``rotary.rotate_pairs``). ``product``: how to
+        multiply by the weights (by default the decoder's). Returns new logits ``[B, V]``."""
+        batch, kv, group, span = tokens.shape[0], self.kv_heads, self.heads // self.kv_heads, bias.shape[-1]
+        bias = bias.expand(batch, kv, group, span).reshape(batch * kv, group, span)
+        hidden = self._decode_layers(tokens, rotations, bias, keys, values, slot, span, product or self.products)
         return F.linear(F.rms_norm(hidden, (self.hidden,), self.final_norm, self.eps), self.lm_head)
 
     def _decode_layers(
@@ -385,22 +388,22 @@ class NativeDecoder:
         tokens: Tensor,
         rotations: Tensor,
         bias: Tensor,
-        layer_keys: tuple[Tensor, ...],
-        layer_values: tuple[Tensor, ...],
+        layer_keys: Sequence[Tensor],
+        layer_values: Sequence[Tensor],
         at: int | Tensor,
         end: int,
+        product: Callable[..., Tensor],
     ) -> Tensor:
         """The layers on one new token per row: its keys and values written at cache position
         ``at``, attention over positions ``[0, end)`` with additive ``bias [B·kv, group, end]``."""
         batch, h, kv, d = tokens.shape[0], self.heads, self.kv_heads, self.head_dim
         hidden = F.embedding(tokens, self.embed)  # [B, H]
-        product = self.products
         for w, keys, values in zip(self.layers, layer_keys, layer_values, strict=True):
             x = F.rms_norm(hidden, (self.hidden,), w.in_norm, self.eps)
             qkv = product(x, w.qkv)  # [B, (h + 2kv)·d]
             if w.qkv_bias is not None:
                 qkv += w.qkv_bias
-            qk = self._rope(qkv[:, : (h + kv) * d].unflatten(-1, (h + kv, d)), rotations)
+            qk = rotate_pairs(qkv[:, : (h + kv) * d].unflatten(-1, (h + kv, d)), rotations)
             new_values = qkv[:, (h + kv) * d :].unflatten(-1, (kv, d))
             if isinstance(at, int):
                 keys.select(2, at).copy_(qk[:, h:])

@@ -9,14 +9,22 @@ launch (``torch.cuda.CUDAGraph``; design notes: gpt-fast's static KV cache, nano
 SGLang's per-batch-size graphs). Without CUDA (or with ``graphs=False``) the same step runs
 eagerly, which is what the CPU tests compare against.
 
+- **Compiled** (``compiled=True``, ``rollout.compile_step``): the layers' forward is compiled by
+  ``torch.compile`` into fused kernels — on a CPU, where there are no graphs to replay, this is
+  what removes the per-op overhead (the norms, rotations and activations each one kernel per
+  layer instead of a dozen ops). Batch width and attention span are symbolic sizes, so one
+  compile serves every bucket and span; the weights are inputs read where they are at each call,
+  not constants baked in, so an update or a rebound parameter is seen as eagerly. Sampling stays
+  eager (it draws from the decoder's generator).
+
 - **Static buffers**, allocated for up to R rows and C cache positions and kept across calls:
   the KV cache ``[layers, R, kv, C, D]`` (zeroed once, so unwritten positions are finite and
   masked), the attention bias, the per-row rotations, the next input token, each row's output
   row, a finished flag, and the output tokens, log-probs and stop hits ``[R + 1, C]`` (the last
   row catches the writes of padding rows). The step number is a device tensor: a replay needs
   nothing from the host.
-- **Buckets**: a batch runs in the smallest power of two that holds it, the rest padding rows
-  that start finished. Every few steps (``check_every`` on a GPU, every step on the CPU, where
+- **Buckets**: a batch runs in the smallest power of two that holds it (at least 2), the rest
+  padding rows that start finished. Every few steps (``check_every`` on a GPU, every step on the CPU, where
   a look costs nothing) the host looks at the finished flags: all done ends the batch; when the
   live rows fit a smaller bucket they are gathered to the front (cache included) and the
   smaller bucket's graph takes over, so a long tail does not run at full width.
@@ -46,13 +54,16 @@ mid-way (``rollout.interrupt``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.fx.experimental._config as fx_config
 from torch import Tensor
 
 from posttrain.rollout.native import NativeDecoder
 from posttrain.rollout.prefill_layout import reused_width
+from posttrain.rollout.products import linear
 from posttrain.rollout.sampling import Choice, choose_by
 from posttrain.rollout.stops import StopStrings
 from posttrain.rollout.turn_cache import KeptRows, Reuse
@@ -60,12 +71,17 @@ from posttrain.rollout.types import SamplingParams
 
 CAPACITY_STEP = 128  # cache positions are allocated in multiples of this, so most batches fit the last size
 SPAN_STEP = 64  # a step's attention reads the cache up to the next multiple of this (a graph per span)
+# without graphs a span costs nothing to add (a compiled step takes any as one symbolic size), so spans are finer
+UNGRAPHED_SPAN_STEP = 16
 CHECK_EVERY = 8  # replays between two looks at the finished flags on a GPU (the overrun is at most this)
 
 
 def bucket_for(rows: int) -> int:
-    """The smallest power of two ≥ ``rows``."""
-    return 1 << max(0, rows - 1).bit_length()
+    """The smallest power of two ≥ ``rows``, at least 2: a compiled step takes any width as one
+    symbolic size but a size of 1 is always compiled apart, and a batch's sampled tokens depend
+    on the widths it ran in (a padding row draws too), so eager, graphed and compiled steps
+    share the buckets."""
+    return max(2, 1 << max(0, rows - 1).bit_length())
 
 
 @dataclass
@@ -80,12 +96,21 @@ class StepOutputs:
 class StaticDecoding:
     """Samples batches for a :class:`NativeDecoder` with fixed-shape steps (see the module doc)."""
 
-    def __init__(self, decoder: NativeDecoder, graphs: bool | None = None, check_every: int = CHECK_EVERY) -> None:
+    def __init__(
+        self,
+        decoder: NativeDecoder,
+        graphs: bool | None = None,
+        check_every: int = CHECK_EVERY,
+        compiled: bool = False,
+    ) -> None:
         self.decoder = decoder
         self.device = decoder.embed.device
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         if self.graphs and self.device.type != "cuda":
             raise ValueError("CUDA graphs need the model on a CUDA device")
+        self.span_step = SPAN_STEP if self.graphs else UNGRAPHED_SPAN_STEP
+        # the layers' forward, compiled once for every batch width and span (dynamic sizes)
+        self._logits = _compile(_compiled_logits) if compiled else _logits
         self.check_every = check_every if self.device.type == "cuda" else 1
         self.rows = self.capacity = 0
         self._captured: dict[tuple, torch.cuda.CUDAGraph] = {}
@@ -108,7 +133,8 @@ class StaticDecoding:
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.bias = torch.zeros(rows, 1, 1, capacity, dtype=dtype, device=device)
-        self.rotations = torch.zeros(rows, capacity, 1, d.head_dim // 2, dtype=torch.complex64, device=device)
+        # real (cos, sin) pairs, not complex: a compiled step multiplies them out (rotary.py)
+        self.rotations = torch.zeros(rows, capacity, 1, d.head_dim // 2, 2, dtype=torch.float32, device=device)
         self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
         self.out_row = torch.zeros(rows, dtype=torch.long, device=device)
         self.finished = torch.ones(rows, dtype=torch.bool, device=device)
@@ -165,7 +191,7 @@ class StaticDecoding:
         width, steps, looked = bucket_for(batch), new, 0
         done = torch.zeros(batch, dtype=torch.bool)  # rows a stop string has ended (host side)
         for step in range(1, new):
-            span = min(self.capacity, -(-(length + step) // SPAN_STEP) * SPAN_STEP)  # positions 0 … slot
+            span = min(self.capacity, -(-(length + step) // self.span_step) * self.span_step)  # positions 0 … slot
             self._run(width, span, rules)
             if step < new - 1 and (step + 1) % self.check_every:
                 continue
@@ -194,7 +220,7 @@ class StaticDecoding:
         d = self.decoder
         self.bias[:batch] = d.decode_bias
         self.bias[:batch, ..., length:] = torch.finfo(self.bias.dtype).min  # unmasked step by step
-        self.rotations[:batch, :new] = d.step_rotations
+        self.rotations[:batch, :new] = torch.view_as_real(d.step_rotations)
         self.length.fill_(length)
         self.step.fill_(0)
         d.release(keep_weights=True)  # the prefill's own buffers; the cache is ours
@@ -253,9 +279,10 @@ class StaticDecoding:
         what a graph captures."""
         slot = self.length + self.step - 1  # the input token's cache position
         self.bias[:width].index_fill_(-1, slot, 0.0)
-        rotations = self.rotations[:width].index_select(1, self.step - 1).squeeze(1)  # [width, 1, D/2]
-        keys, values, bias = self.keys[:, :width], self.values[:, :width], self.bias[:width]
-        logits = self.decoder.decode_at(self.tokens[:width], keys, values, bias, rotations, slot, span)
+        rotations = self.rotations[:width].index_select(1, self.step - 1).squeeze(1)  # [width, 1, D/2, 2]
+        keys, values = self.keys[:, :width].unbind(0), self.values[:, :width].unbind(0)  # a graph input each
+        bias = self.bias[:width, ..., :span]
+        logits = self._logits(self.decoder, self.tokens[:width], keys, values, bias, rotations, slot)
         self._record(logits, width, rules)
 
     def _run(self, width: int, span: int, rules: _Rules) -> None:
@@ -295,6 +322,30 @@ class StaticDecoding:
         self.finished[:n] = False
         self.finished[n:smaller] = True
         return smaller
+
+
+def _logits(decoder: NativeDecoder, *inputs: Tensor | tuple[Tensor, ...]) -> Tensor:
+    """A step's next-token logits (:meth:`NativeDecoder.decode_at` of ``inputs``), eagerly."""
+    return decoder.decode_at(*inputs)
+
+
+def _compile(step: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """``step`` compiled for any sizes: one graph for every batch width and attention span.
+    Without duck sizing, which would take two sizes that happen to be equal once (a width of 16
+    and a span of 16) for the same symbol and compile again when they part."""
+    compiled = torch.compile(step, dynamic=True, fullgraph=True)
+
+    def call(*args: object) -> Tensor:
+        with fx_config.patch(use_duck_shape=False):
+            return compiled(*args)
+
+    return call
+
+
+def _compiled_logits(decoder: NativeDecoder, *inputs: Tensor | tuple[Tensor, ...]) -> Tensor:
+    """The same, as ``torch.compile`` traces it: plain products (Inductor chooses how to multiply;
+    the decoder's packed or weight-major ones are for eager steps)."""
+    return decoder.decode_at(*inputs, product=linear)
 
 
 class _Rules:

@@ -49,7 +49,13 @@ def _async_problems(config: RLRun) -> list[str]:
 
 
 def _sampling_problems(config: RLRun) -> list[str]:
-    """What cannot record the kept sets of ``rollout.keep_sampling_mask``."""
+    """What cannot record the kept sets of ``rollout.keep_sampling_mask``, or compile a step."""
+    if config.rollout.compile_step and config.engine_kind in ("transformers", "vllm"):
+        return [
+            f"rollout.compile_step compiles the native engine's decoding step, which rollout.engine = "
+            f"'{config.engine_kind}' does not run: use engine auto or native, or compile_step: false (vLLM "
+            "compiles its own step when rollout.vllm.enforce_eager is false)"
+        ]
     if not config.rollout.keep_sampling_mask:
         return []
     sampling = config.sampling

@@ -170,10 +170,17 @@ def rollout_engine(
 
 
 def engine_options(config: RLRun) -> dict[str, Any]:
-    """How a local engine decodes: vLLM's options, CUDA graphs, and with ``precision: bf16`` in
-    bfloat16 copies of the weights (refreshed with every update; the trainer keeps float32)."""
+    """How a local engine decodes: vLLM's options, CUDA graphs, a compiled step, and with
+    ``precision: bf16`` in bfloat16 copies of the weights (refreshed with every update; the
+    trainer keeps float32)."""
+    rollout = config.rollout
     dtype = torch.bfloat16 if config.precision == "bf16" else None
-    return {"vllm_options": config.rollout.vllm, "cuda_graphs": config.rollout.cuda_graphs, "dtype": dtype}
+    return {
+        "vllm_options": rollout.vllm,
+        "cuda_graphs": rollout.cuda_graphs,
+        "compile_step": rollout.compile_step,
+        "dtype": dtype,
+    }
 
 
 def reward_pool(config: RLRun) -> Any:

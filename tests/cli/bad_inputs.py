@@ -179,6 +179,7 @@ COMMAND_CONFIGS = {
         ("rollout.engine=fastest", ["rollout.engine", "native"]),
         ("engine=fastest", ["engine", "native"]),
         ("rollout.tis_cap=0.5", ["rollout.tis_cap"]),
+        ("rollout.compile_step=true ; rollout.engine=transformers", ["rollout.compile_step", "transformers"]),
         ("eval_size=-1", ["eval_size"]),
         ("eval_batch_size=0", ["eval_batch_size"]),
         ("allow_constant_reward=[no_such_reward]", ["allow_constant_reward", "no_such_reward"]),

@@ -22,8 +22,8 @@ def test_gpu_step_checks_pass_on_the_cpu(tmp_path):
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     lines = [json.loads(line) for line in output.read_text().splitlines()]
     checks = {line["check"]: line["passed"] for line in lines if line["case"] == "check"}
-    assert len(checks) == 10 and all(checks.values()), checks  # the jagged-kernel checks need CUDA
-    assert checks["turn_cache_equals_a_full_prefill"]
+    assert len(checks) == 12 and all(checks.values()), checks  # the jagged-kernel checks need CUDA
+    assert checks["turn_cache_equals_a_full_prefill"] and checks["compiled_equals_eager_with_stops"]
     assert checks["packed_equals_padded_fp32"] and checks["packed_equals_padded_bf16"]
     steps = [line for line in lines if line["case"] == "grpo"]
     assert [s["variant"] for s in steps] == ["graphs", "graphs_packed"] and all(s["step_s"] > 0 for s in steps)
