@@ -355,9 +355,9 @@ class NativeDecoder:
         rotations = self.step_rotations[:, self.step]  # [B, 1, D/2]
         if self.products.packing:
             self._pack_for(batch)
-        hidden = self._decode_layers(
-            tokens, rotations, bias, self.layer_keys, self.layer_values, self.length, end, self.products
-        )
+        hidden = F.embedding(tokens, self.embed)  # [B, H]
+        for w, keys, values in zip(self.layers, self.layer_keys, self.layer_values, strict=True):
+            hidden = self.decode_layer(hidden, w, keys, values, rotations, bias, self.length, self.products)
         self.length, self.step = end, self.step + 1
         return self._output_logits(F.rms_norm(hidden, (self.hidden,), self.final_norm, self.eps))
 
@@ -370,6 +370,7 @@ class NativeDecoder:
         rotations: Tensor,
         slot: Tensor,
         product: Callable[..., Tensor] | None = None,
+        layer: Callable[..., Tensor] | None = None,
     ) -> Tensor:
         """One decoding step over fixed shapes (static_decode.py), for a step captured as a CUDA
         graph or compiled: the token of each row ``tokens [B]`` goes to cache position ``slot``
@@ -377,48 +378,51 @@ class NativeDecoder:
         layer's ``keys``/``values [B, kv, C, D]``; attention covers the ``span`` positions of
         ``bias [B, 1, 1, span]`` (span > slot), which masks those not written yet; ``rotations``
         ``[B, 1, D/2]`` complex or ``[B, 1, D/2, 2]`` real (see ``rotary.rotate_pairs``). ``product``: how to
-        multiply by the weights (by default the decoder's). Returns new logits ``[B, V]``."""
+        multiply (by default the decoder's), ``layer``: what runs a layer (by default
+        :meth:`decode_layer`; a compiled step passes it compiled). Returns new logits ``[B, V]``."""
         batch, kv, group, span = tokens.shape[0], self.kv_heads, self.heads // self.kv_heads, bias.shape[-1]
         bias = bias.expand(batch, kv, group, span).reshape(batch * kv, group, span)
-        hidden = self._decode_layers(tokens, rotations, bias, keys, values, slot, span, product or self.products)
+        layer, product = layer or NativeDecoder.decode_layer, product or self.products
+        hidden = F.embedding(tokens, self.embed)  # [B, H]
+        for w, layer_keys, layer_values in zip(self.layers, keys, values, strict=True):
+            hidden = layer(self, hidden, w, layer_keys, layer_values, rotations, bias, slot, product)
         return F.linear(F.rms_norm(hidden, (self.hidden,), self.final_norm, self.eps), self.lm_head)
 
-    def _decode_layers(
+    def decode_layer(
         self,
-        tokens: Tensor,
+        hidden: Tensor,
+        w: FusedLayer,
+        keys: Tensor,
+        values: Tensor,
         rotations: Tensor,
         bias: Tensor,
-        layer_keys: Sequence[Tensor],
-        layer_values: Sequence[Tensor],
         at: int | Tensor,
-        end: int,
         product: Callable[..., Tensor],
     ) -> Tensor:
-        """The layers on one new token per row: its keys and values written at cache position
-        ``at``, attention over positions ``[0, end)`` with additive ``bias [B·kv, group, end]``."""
-        batch, h, kv, d = tokens.shape[0], self.heads, self.kv_heads, self.head_dim
-        hidden = F.embedding(tokens, self.embed)  # [B, H]
-        for w, keys, values in zip(self.layers, layer_keys, layer_values, strict=True):
-            x = F.rms_norm(hidden, (self.hidden,), w.in_norm, self.eps)
-            qkv = product(x, w.qkv)  # [B, (h + 2kv)·d]
-            if w.qkv_bias is not None:
-                qkv += w.qkv_bias
-            qk = rotate_pairs(qkv[:, : (h + kv) * d].unflatten(-1, (h + kv, d)), rotations)
-            new_values = qkv[:, (h + kv) * d :].unflatten(-1, (kv, d))
-            if isinstance(at, int):
-                keys.select(2, at).copy_(qk[:, h:])
-                values.select(2, at).copy_(new_values)
-            else:  # a position held on the device
-                keys.index_copy_(2, at, qk[:, h:].unsqueeze(2))
-                values.index_copy_(2, at, new_values.unsqueeze(2))
-            # one query per row: attention is a batch of [group, d] @ [d, S] products, one per
-            # (row, kv head), written out with baddbmm/bmm (cheaper here than SDPA's kernel)
-            queries = qk[:, :h].reshape(batch * kv, h // kv, d)
-            scores = torch.baddbmm(bias, queries, keys[:, :, :end].flatten(0, 1).transpose(1, 2), alpha=self.scale)
-            attn = torch.bmm(torch.softmax(scores, dim=-1), values[:, :, :end].flatten(0, 1))  # [B·kv, group, d]
-            hidden = product(attn.view(batch, h * d), w.o, residual=hidden)
-            hidden = self._mlp(hidden, w, product)
-        return hidden
+        """One layer on one new token per row ``hidden [B, H]``: its keys and values written at
+        cache position ``at`` of ``keys``/``values [B, kv, C, D]``, attention over the first ``end``
+        positions with additive ``bias [B·kv, group, end]``. A compiled step compiles this: one
+        graph serves every layer (static_decode.py)."""
+        batch, h, kv, d, end = hidden.shape[0], self.heads, self.kv_heads, self.head_dim, bias.shape[-1]
+        x = F.rms_norm(hidden, (self.hidden,), w.in_norm, self.eps)
+        qkv = product(x, w.qkv)  # [B, (h + 2kv)·d]
+        if w.qkv_bias is not None:
+            qkv += w.qkv_bias
+        qk = rotate_pairs(qkv[:, : (h + kv) * d].unflatten(-1, (h + kv, d)), rotations)
+        new_values = qkv[:, (h + kv) * d :].unflatten(-1, (kv, d))
+        if isinstance(at, int):
+            keys.select(2, at).copy_(qk[:, h:])
+            values.select(2, at).copy_(new_values)
+        else:  # a position held on the device
+            keys.index_copy_(2, at, qk[:, h:].unsqueeze(2))
+            values.index_copy_(2, at, new_values.unsqueeze(2))
+        # one query per row: attention is a batch of [group, d] @ [d, S] products, one per
+        # (row, kv head), written out with baddbmm/bmm (cheaper here than SDPA's kernel)
+        queries = qk[:, :h].reshape(batch * kv, h // kv, d)
+        scores = torch.baddbmm(bias, queries, keys[:, :, :end].flatten(0, 1).transpose(1, 2), alpha=self.scale)
+        attn = torch.bmm(torch.softmax(scores, dim=-1), values[:, :, :end].flatten(0, 1))  # [B·kv, group, d]
+        hidden = product(attn.view(batch, h * d), w.o, residual=hidden)
+        return self._mlp(hidden, w, product)
 
     def _output_logits(self, x: Tensor) -> Tensor:
         """``x [B, H] @ lm_headᵀ`` into the reused buffer ``self.logits[:B]``."""

@@ -9,13 +9,14 @@ launch (``torch.cuda.CUDAGraph``; design notes: gpt-fast's static KV cache, nano
 SGLang's per-batch-size graphs). Without CUDA (or with ``graphs=False``) the same step runs
 eagerly, which is what the CPU tests compare against.
 
-- **Compiled** (``compiled=True``, ``rollout.compile_step``): the layers' forward is compiled by
-  ``torch.compile`` into fused kernels — on a CPU, where there are no graphs to replay, this is
-  what removes the per-op overhead (the norms, rotations and activations each one kernel per
-  layer instead of a dozen ops). Batch width and attention span are symbolic sizes, so one
-  compile serves every bucket and span; the weights are inputs read where they are at each call,
-  not constants baked in, so an update or a rebound parameter is seen as eagerly. Sampling stays
-  eager (it draws from the decoder's generator).
+- **Compiled** (``compiled=True``, ``rollout.compile_step``): each layer runs as one function
+  compiled by ``torch.compile`` (Inductor fuses the norms, rotations and activations into a few
+  kernels), captured into the graph on a GPU, where it means fewer kernels in a graph. One compile
+  serves every layer, bucket and span (dynamic sizes); the weights are inputs read where they
+  are at each call, not constants, so an update or a rebound parameter is seen as eagerly.
+  Sampling stays eager (it draws from the decoder's generator). Off by default: on a CPU it
+  measured slower than the eager step (docs/scaling.md: the products dominate, and the guards
+  checked at each call cost about what the fused ops save); its GPU figures are pending.
 
 - **Static buffers**, allocated for up to R rows and C cache positions and kept across calls:
   the KV cache ``[layers, R, kv, C, D]`` (zeroed once, so unwritten positions are finite and
@@ -38,8 +39,8 @@ eagerly, which is what the CPU tests compare against.
   same tokens, graphed or not.
 
 - **Attention span**: a step attends to the cache positions written so far rounded up to a
-  multiple of ``SPAN_STEP`` (the host knows the step, so each span is a graph of its own), not
-  the whole capacity.
+  multiple of ``SPAN_STEP`` (the host knows the step, so each span is a graph of its own;
+  ``UNGRAPHED_SPAN_STEP`` without graphs), not the whole capacity.
 - **Stop strings** are decoded on the host at each look, for the steps since the last one; a
   row whose text ended is marked stopped at the step that completed the string.
 
@@ -54,7 +55,6 @@ mid-way (``rollout.interrupt``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -109,8 +109,7 @@ class StaticDecoding:
         if self.graphs and self.device.type != "cuda":
             raise ValueError("CUDA graphs need the model on a CUDA device")
         self.span_step = SPAN_STEP if self.graphs else UNGRAPHED_SPAN_STEP
-        # the layers' forward, compiled once for every batch width and span (dynamic sizes)
-        self._logits = _compile(_compiled_logits) if compiled else _logits
+        self._logits = _CompiledLogits() if compiled else _logits
         self.check_every = check_every if self.device.type == "cuda" else 1
         self.rows = self.capacity = 0
         self._captured: dict[tuple, torch.cuda.CUDAGraph] = {}
@@ -329,23 +328,20 @@ def _logits(decoder: NativeDecoder, *inputs: Tensor | tuple[Tensor, ...]) -> Ten
     return decoder.decode_at(*inputs)
 
 
-def _compile(step: Callable[..., Tensor]) -> Callable[..., Tensor]:
-    """``step`` compiled for any sizes: one graph for every batch width and attention span.
-    Without duck sizing, which would take two sizes that happen to be equal once (a width of 16
-    and a span of 16) for the same symbol and compile again when they part."""
-    compiled = torch.compile(step, dynamic=True, fullgraph=True)
+class _CompiledLogits:
+    """The same with each layer compiled (:meth:`NativeDecoder.decode_layer`): one graph serves
+    every layer, so the compile costs one layer's (a whole 30-layer forward unrolled took ~7
+    minutes on 2 cores), for any batch width and attention span (dynamic sizes, without duck
+    sizing, which would take two sizes that happen to be equal once, a width of 16 and a span of
+    16, for one symbol and compile again when they part). The products are plain: Inductor
+    chooses how to multiply (the decoder's packed or weight-major ones are for eager steps)."""
 
-    def call(*args: object) -> Tensor:
+    def __init__(self) -> None:
+        self.layer = torch.compile(NativeDecoder.decode_layer, dynamic=True, fullgraph=True)
+
+    def __call__(self, decoder: NativeDecoder, *inputs: Tensor | tuple[Tensor, ...]) -> Tensor:
         with fx_config.patch(use_duck_shape=False):
-            return compiled(*args)
-
-    return call
-
-
-def _compiled_logits(decoder: NativeDecoder, *inputs: Tensor | tuple[Tensor, ...]) -> Tensor:
-    """The same, as ``torch.compile`` traces it: plain products (Inductor chooses how to multiply;
-    the decoder's packed or weight-major ones are for eager steps)."""
-    return decoder.decode_at(*inputs, product=linear)
+            return decoder.decode_at(*inputs, product=linear, layer=self.layer)
 
 
 class _Rules:

@@ -187,11 +187,11 @@ class RolloutSection(Section):
     shapes per batch bucket; rollout/static_decode.py): no per-step launch overhead. false:
     step by step, as on the CPU."""
     compile_step: bool = False
-    """The native engine decodes over fixed shapes with its layers compiled by torch.compile
-    into fused kernels (rollout/static_decode.py; with cuda_graphs on a GPU, the compiled step is
-    what each graph replays). Costs a one-time compile per process of some seconds (a few
-    shapes at most: batch width and attention span are symbolic); pays on a CPU for long runs
-    of a small model (docs/scaling.md has the figures)."""
+    """The native engine decodes over fixed shapes with each layer compiled by torch.compile
+    into fused kernels (rollout/static_decode.py): meant for a GPU, where the compiled layers are
+    what each CUDA graph replays (fewer kernels a step). Costs a one-time compile per process
+    (20–30 s on 2 CPU cores, for any batch size). On a CPU it measured slower than eager
+    decoding (docs/scaling.md)."""
     keep_sampling_mask: bool = False
     """With top_p < 1 or top_k > 0: the engine records each sampled token's kept set and every
     log-prob the trainer computes (π_θ, π_old, π_ref) is renormalised over it, log π(a) −
