@@ -25,10 +25,10 @@ eagerly, which is what the CPU tests compare against.
   row catches the writes of padding rows). The step number is a device tensor: a replay needs
   nothing from the host.
 - **Buckets**: a batch runs in the smallest power of two that holds it (at least 2), the rest
-  padding rows that start finished. Every few steps (``check_every`` on a GPU, every step on the CPU, where
-  a look costs nothing) the host looks at the finished flags: all done ends the batch; when the
-  live rows fit a smaller bucket they are gathered to the front (cache included) and the
-  smaller bucket's graph takes over, so a long tail does not run at full width.
+  padding rows that start finished. Every few steps (``check_every`` on a GPU, every step on the
+  CPU, where a look costs nothing) the host looks at the finished flags: all done ends the batch;
+  when the live rows fit a smaller bucket they are gathered to the front (cache included) and
+  the smaller bucket's graph takes over, so a long tail does not run at full width.
 - **Weights**: the decoder rewrites its derived weights in place (native.py), so an optimizer
   step or a sync is seen by the next replay. A graph is kept only while every tensor it reads
   is where it was at capture (:meth:`NativeDecoder.weight_pointers`); when one moved (a

@@ -23,7 +23,7 @@ def combination_problems(config: RLRun) -> list[str]:
     problems = [*_estimator_problems(config), *_kl_problems(config.algorithm.kl), *_batch_problems(config)]
     problems += _loss_problems(config) + _option_problems(config.algorithm) + _reward_problems(config)
     problems += _env_problems(config) + _async_problems(config) + _cluster_problems(config)
-    problems += _sampling_problems(config)
+    problems += _sampling_problems(config) + _compile_problems(config)
     if problem := precision_problem(config.precision, config.model.dtype):
         problems.append(problem)
     return problems
@@ -48,14 +48,19 @@ def _async_problems(config: RLRun) -> list[str]:
     return problems
 
 
+def _compile_problems(config: RLRun) -> list[str]:
+    """An engine that has no native decoding step to compile (``rollout.compile_step``)."""
+    if not config.rollout.compile_step or config.engine_kind not in ("transformers", "vllm"):
+        return []
+    return [
+        f"rollout.compile_step compiles the native engine's decoding step, which rollout.engine = "
+        f"'{config.engine_kind}' does not run: use engine auto or native, or compile_step: false (vLLM "
+        "compiles its own step when rollout.vllm.enforce_eager is false)"
+    ]
+
+
 def _sampling_problems(config: RLRun) -> list[str]:
-    """What cannot record the kept sets of ``rollout.keep_sampling_mask``, or compile a step."""
-    if config.rollout.compile_step and config.engine_kind in ("transformers", "vllm"):
-        return [
-            f"rollout.compile_step compiles the native engine's decoding step, which rollout.engine = "
-            f"'{config.engine_kind}' does not run: use engine auto or native, or compile_step: false (vLLM "
-            "compiles its own step when rollout.vllm.enforce_eager is false)"
-        ]
+    """What cannot record the kept sets of ``rollout.keep_sampling_mask``."""
     if not config.rollout.keep_sampling_mask:
         return []
     sampling = config.sampling
