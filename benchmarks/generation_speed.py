@@ -7,7 +7,9 @@ samples = 64 sequences of exactly ``--new-tokens`` new tokens at temperature 1. 
 check an EOS id that no token has, so every row runs the full length and the work is equal.
 Every side is warmed up, then the sides take turns ``--repeats`` times (so a busy machine
 slows them alike) and medians are reported. Also reports the largest difference between an
-engine's log-probs and a full forward pass, and where the native engine's time goes.
+engine's log-probs and a full forward pass, where the native engine's time goes, and how its
+decoding step compares with the floor of its arithmetic and cache reads on this machine
+(``step_floor.py``).
 
     .venv/bin/python benchmarks/generation_speed.py
 """
@@ -22,6 +24,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from step_floor import decode_floor
 from timing import take_turns
 
 from posttrain.data.tasks.reverse import make_prompt, split_names
@@ -173,6 +176,8 @@ def main() -> None:
     assert all(int(out.response_lengths.min()) == args.new_tokens for out in outputs.values())
     errors = {kind: max_logprob_error(model, out) for kind, out in outputs.items()}
     split = time_split(engines["native"], sides["native"], args.repeats)
+    width = int(expanded["input_ids"].shape[1])  # the padded prompts: a step attends to these and what follows
+    floor = decode_floor(engines["native"].decoder, len(expanded["input_ids"]), width + args.new_tokens // 2)
 
     sequences = args.prompts * args.samples
     new_tokens = sequences * args.new_tokens
@@ -187,6 +192,13 @@ def main() -> None:
     print(
         f"native time split (ms/call): prefill {split['prefill']:.1f}, {steps} decode steps {split['decode']:.1f} "
         f"({split['decode'] / steps:.2f}/step), sampling + bookkeeping {split['loop']:.1f}"
+    )
+    step_ms = split["decode"] / steps
+    print(
+        f"native decode step {step_ms:.2f} ms, {step_ms / floor['floor_ms']:.1f}x its floor here of "
+        f"{floor['floor_ms']:.2f} ms: {floor['step_mflop']:.0f} MFLOP of products at {floor['product_gflops']:.0f} "
+        f"GFLOP/s ({floor['products_ms']:.2f} ms) + {floor['cache_mb']:.1f} MB of cache at "
+        f"{floor['read_gb_per_s']:.0f} GB/s ({floor['cache_reads_ms']:.2f} ms) (benchmarks/step_floor.py)"
     )
     if foreign is not None:
         note = "  (timings unreliable: the machine was shared)" if foreign > 0.1 else ""
@@ -206,6 +218,7 @@ def main() -> None:
         ),
         "max_logprob_error": errors,
         "native_split_ms": {key: round(value, 2) for key, value in split.items()},
+        "decode_floor": floor,
         "other_processes_cores": None if foreign is None else round(foreign, 2),
     }
     if "native-compiled" in engines:  # its first call, compile included, before the timed turns
