@@ -100,7 +100,7 @@ class Sampler(threading.Thread):
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
-        from posttrain.train.out_of_memory import current_stage
+        from posttrain.run.out_of_memory import current_stage
 
         self.current_stage, self.peaks, self.before, self.running = current_stage, {}, None, True
 

@@ -35,7 +35,7 @@ metric sink            ``telemetry/metrics.py`` (``report_to``)
 =====================  ==================================================================
 
 Floors: imports go one way, ``algos → models → data → rollout → rewards → envs → evaluate →
-sources → train → cli`` over a ground of small modules (errors, config, devices, distributed,
+run → sources → train → cli`` over a ground of small modules (errors, config, devices, distributed,
 ...); the sources never import the loop (docs/design.md, "Package layout"; tests/test_layout.py).
 
 The RL loop is ``train/rl.py`` (run, save) with a file per stage: ``rl_sources.py`` (the wiring
@@ -43,7 +43,8 @@ of its source and data-side wrappers), ``rl_prepare.py`` (π_old, π_ref, values
 advantages), ``rl_update.py`` (minibatches, accumulation, metrics); its config is
 ``train/rl_config.py``. The offline loop behind
 ``sft``/``rm``/``dpo`` and the demo is ``train/offline.py``, its objectives ``train/sft.py`` and
-``train/preference.py``, the commands' configs ``train/recipes.py``. Formulas: docs/algorithms.md; design:
+``train/preference.py``, the commands' configs ``train/recipes.py``. Both loops keep their run
+(folder, checkpoints, SIGTERM, outputs) with ``run/``. Formulas: docs/algorithms.md; design:
 docs/design.md.
 """
 

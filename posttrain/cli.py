@@ -64,8 +64,8 @@ def _train(args: argparse.Namespace) -> int:
         args.overrides.append(f"resume={args.resume}")
     config = load(config_cls, args.config, args.overrides)
     args.output_dir = config.output_dir  # named by the Ctrl-C message
+    from posttrain.run.run_header import run_header
     from posttrain.telemetry.headline import closing_lines
-    from posttrain.train.run_header import run_header
 
     main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun, one header and one ending
     if main_rank:
@@ -76,7 +76,7 @@ def _train(args: argparse.Namespace) -> int:
     config = announce_plan(args.command, config, echo=main_rank)
     if args.plan:
         return 0
-    from posttrain.train.out_of_memory import is_out_of_memory, out_of_memory
+    from posttrain.run.out_of_memory import is_out_of_memory, out_of_memory
 
     try:
         getattr(runners, runner_name)(config)
@@ -374,7 +374,7 @@ def _say_how_to_go_on(name: str, args: argparse.Namespace, argv: Sequence[str] |
     if args.command not in TRAINING_COMMANDS or not output_dir:
         print(f"\n{name}: {what}", file=sys.stderr)
         return
-    from posttrain.train.checkpoint import latest_checkpoint
+    from posttrain.run.checkpoint import latest_checkpoint
 
     newest = latest_checkpoint(output_dir)
     if newest is None:
@@ -424,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     from posttrain.errors import PosttrainError
-    from posttrain.train.stopping import Stopped
+    from posttrain.run.stopping import Stopped
 
     name = " ".join(filter(None, ["posttrain", args.command, getattr(args, "model_command", None)]))
     stdout = sys.stdout
@@ -444,7 +444,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         _say_how_to_go_on(name, args, argv, "interrupted (Ctrl-C)")
         return 130
-    except Stopped as error:  # SIGTERM, handled at a step's end (train/stopping.py)
+    except Stopped as error:  # SIGTERM, handled at a step's end (run/stopping.py)
         if args.debug:
             raise
         _say_how_to_go_on(name, args, argv, str(error))

@@ -41,11 +41,11 @@ from posttrain.evaluate import EvalResult, evaluate, sample_completions
 from posttrain.models.tiny import build_tiny_causal_lm
 from posttrain.models.tokenizers import build_char_tokenizer
 from posttrain.rollout.types import SamplingParams
+from posttrain.run.run_header import describe_device
 from posttrain.telemetry.report import comparison_plot, write_report
 from posttrain.train.offline import LoopConfig, train_offline
 from posttrain.train.rl import OnlineRL
 from posttrain.train.rl_config import RLRun, load_rl_config
-from posttrain.train.run_header import describe_device
 from posttrain.train.sft import SFTObjective
 
 Echo = Callable[[str], None]

@@ -5,7 +5,7 @@ checkpoint or function at fault and says what to do. The command line prints it 
 message and exits with status 2 (``--debug`` shows the traceback instead); anything else that
 escapes is a bug in posttrain and keeps its traceback. The specific classes stay beside the
 code that raises them (``ConfigError`` in ``config.py``, ``CheckpointError`` in
-``train/checkpoint.py``, ...), so a caller can catch exactly the one it handles.
+``run/checkpoint.py``, ...), so a caller can catch exactly the one it handles.
 """
 
 from __future__ import annotations

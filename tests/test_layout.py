@@ -127,6 +127,7 @@ FLOORS = [
     {"rewards"},
     {"envs"},
     {"evaluate"},
+    {"run"},
     {"sources"},
     {"train"},
     {"demo", "launch", "cli", "run_commands", "eval_command", "__main__", "presets", "posttrain"},

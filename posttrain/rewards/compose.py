@@ -242,7 +242,7 @@ class RewardSet:
 
     def state_dict(self) -> dict[str, Any]:
         """The state of every stateful reward function (see ``NamedReward.stateful``), by name: tensors
-        and JSON values only, as a checkpoint holds nothing else (``train/plain_state.py``)."""
+        and JSON values only, as a checkpoint holds nothing else (``run/plain_state.py``)."""
         return {r.name: r.fn.state_dict() for r in self.rewards if r.stateful}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> list[str]:

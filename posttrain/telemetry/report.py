@@ -122,7 +122,7 @@ def write_failure_report(run_dir: str | Path, *, title: str, error: BaseExceptio
     problem building the report is logged and None returned."""
     if isinstance(error, KeyboardInterrupt):
         reason = "interrupted (Ctrl-C)"
-    elif hasattr(error, "signal_name"):  # train/stopping.py's Stopped: a stop asked for, not a failure
+    elif hasattr(error, "signal_name"):  # run/stopping.py's Stopped: a stop asked for, not a failure
         reason = str(error)
     else:
         reason = f"{type(error).__name__}: {error}"

@@ -83,7 +83,7 @@ def recorded_budget(config: Any) -> tuple[bool, int | None]:
     """(whether the run resumes from a checkpoint, the ``micro_batch_tokens`` its config.yaml
     recorded: None where it had none, e.g. a checkpoint written before this option)."""
     from posttrain.config import load_yaml
-    from posttrain.train.run_dir import start_point
+    from posttrain.run.run_dir import start_point
 
     if config.resume == "none":
         return False, None

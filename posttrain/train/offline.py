@@ -24,25 +24,26 @@ from posttrain.devices import compute_precision, model_device, precision_problem
 from posttrain.distributed import world
 from posttrain.errors import TrainingDiverged  # re-exported: raised here, caught by callers
 from posttrain.memory import return_free_memory
-from posttrain.telemetry import MetricsLogger
-from posttrain.train.checkpoint import (
+from posttrain.run.checkpoint import (
     checkpoint_root,
     load_training_state,
     load_weights_into,
     save_checkpoint,
     weights_to_save,
 )
+from posttrain.run.out_of_memory import stage
+from posttrain.run.run_options import OptimizerOptions, RunOptions
+from posttrain.run.run_outputs import Silent, finish_run, on_main, ready_run_dir, report_failure, run_sinks
+from posttrain.run.stopping import StopOnSignal
+from posttrain.telemetry import MetricsLogger
 from posttrain.train.micro_batches import example_cost, offline_passes, split_evenly
-from posttrain.train.out_of_memory import stage
-from posttrain.train.run_options import OptimizerOptions, RunOptions
-from posttrain.train.run_outputs import Silent, finish_run, on_main, ready_run_dir, report_failure, run_sinks
+from posttrain.train.rollout_view import write_recorded_view
 from posttrain.train.schedule import lr_multiplier
-from posttrain.train.stopping import StopOnSignal
 
 
 class LoopConfig(RunOptions, OptimizerOptions):
     """Options of the offline loop shared by ``sft``, ``rm`` and ``dpo``: the options every
-    training command has (train/run_options.py) and the micro-batching of a step."""
+    training command has (run/run_options.py) and the micro-batching of a step."""
 
     batch_size: int = Field(32, ge=1)
     """Rows per optimizer step (all micro-batches together)."""
@@ -149,9 +150,9 @@ def train_offline(
             final_eval = _log_eval(evaluate, logger, last_step)
             if history:
                 history[-1].update(final_eval)
-        finish_run(out, objective.model, objective.tokenizer, f"posttrain {label}: {out.name}")
+        finish_run(out, objective.model, objective.tokenizer, f"posttrain {label}: {out.name}", (write_recorded_view,))
     except BaseException as error:  # the report shows what was logged up to the failure, and why
-        report_failure(out, f"posttrain {label}: {out.name}", error)
+        report_failure(out, f"posttrain {label}: {out.name}", error, (write_recorded_view,))
         raise
     finally:
         signalled.restore()

@@ -385,8 +385,8 @@ def announce_plan(command: str, config: Any, *, echo: bool = True) -> Any:
     """The run's config with its micro-batch budget resolved (micro_batch_budget.py); prints the
     memory plan (``echo``: rank 0) and refuses a run whose peak cannot fit (``--plan`` stops here)."""
     from posttrain.devices import resolve_device
+    from posttrain.run.out_of_memory import REMEDIES
     from posttrain.train.micro_batch_budget import budget_line, resolve_budget
-    from posttrain.train.out_of_memory import REMEDIES
 
     where = resolve_device(config.device)
     _check_before_data(command, config)

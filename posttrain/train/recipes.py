@@ -31,8 +31,8 @@ from posttrain.models.section import (  # re-exported, as above
     check_model_source,
     with_lora,
 )
+from posttrain.run.run_outputs import held_out_records
 from posttrain.train.offline import LoopConfig, held_out_metrics, train_offline
-from posttrain.train.run_outputs import held_out_records
 
 __all__ = [
     "DPORun",
@@ -129,10 +129,10 @@ def micro_batch(config: LoopConfig) -> int:
 
 
 def check_run_dir(config: LoopConfig) -> None:
-    """The run folder and resume point (``train/run_dir.py``) and the metric sinks, checked before
+    """The run folder and resume point (``run/run_dir.py``) and the metric sinks, checked before
     any model loads (by rank 0 alone under torchrun: it writes the folder)."""
+    from posttrain.run.run_dir import start_point
     from posttrain.telemetry.metrics import check_report_to
-    from posttrain.train.run_dir import start_point
 
     if world().is_main:
         start_point(config.output_dir, config.resume, config.overwrite, dump_config(config), config.steps)

@@ -48,10 +48,21 @@ from posttrain.models.value import critic_for
 from posttrain.rewards import NamedReward, RewardSet
 from posttrain.rewards.registry import resolve_rewards
 from posttrain.rollout.batch import RolloutBatch
+from posttrain.run.checkpoint import checkpoint_root
+from posttrain.run.out_of_memory import stage
+from posttrain.run.run_outputs import (
+    WarningTape,
+    finish_run,
+    held_out_records,
+    logged_samples,
+    on_main,
+    ready_run_dir,
+    report_failure,
+    run_sinks,
+)
+from posttrain.run.stopping import StopOnSignal
 from posttrain.sources import RolloutSource
-from posttrain.train.checkpoint import checkpoint_root
 from posttrain.train.hacking_alarm import HackingAlarm
-from posttrain.train.out_of_memory import stage
 from posttrain.train.rl_checkpoint import resume_rl, save_rl_checkpoint
 from posttrain.train.rl_checks import StepWarnings, check_before_loading, preflight_rewards
 from posttrain.train.rl_config import RLRun
@@ -64,17 +75,7 @@ from posttrain.train.rl_prepare import (
 )
 from posttrain.train.rl_sources import build_source, learner_engine, reward_pool, stop_workers
 from posttrain.train.rl_update import PolicyUpdate
-from posttrain.train.run_outputs import (
-    WarningTape,
-    finish_run,
-    held_out_records,
-    logged_samples,
-    on_main,
-    ready_run_dir,
-    report_failure,
-    run_sinks,
-)
-from posttrain.train.stopping import StopOnSignal
+from posttrain.train.rollout_view import write_recorded_view
 
 Echo = Callable[[str], None]
 PROGRESS_KEYS = ("reward/mean", "eval/accuracy", "loss/policy", "kl/ref", "response/length_mean")
@@ -261,9 +262,9 @@ class OnlineRL:
                 logger.log(config.steps, final)
                 if history:
                     history[-1].update(final)
-            finish_run(self.out, self.policy, self.tokenizer, f"posttrain rl: {self.out.name}")
+            finish_run(self.out, self.policy, self.tokenizer, f"posttrain rl: {self.out.name}", (write_recorded_view,))
         except BaseException as error:  # the report shows what was logged up to the failure, and why
-            report_failure(self.out, f"posttrain rl: {self.out.name}", error)
+            report_failure(self.out, f"posttrain rl: {self.out.name}", error, (write_recorded_view,))
             raise
         finally:
             stop.restore()

@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from posttrain.train.checkpoint import load_training_state, load_weights_into, save_checkpoint, weights_to_save
-from posttrain.train.run_outputs import on_main
+from posttrain.run.checkpoint import load_training_state, load_weights_into, save_checkpoint, weights_to_save
+from posttrain.run.run_outputs import on_main
 
 
 def save_rl_checkpoint(loop: Any, step: int, config_yaml: str | None = None) -> None:

@@ -22,11 +22,11 @@ from posttrain.distributed import join, note_strategy
 from posttrain.envs import resolve_environment
 from posttrain.errors import PosttrainError
 from posttrain.models.section import check_model_source
+from posttrain.run.run_dir import start_point
 from posttrain.sources.recorded import check_replay_folder, run_shape
 from posttrain.telemetry.metrics import check_report_to
 from posttrain.train.rl_config import RLRun
 from posttrain.train.rl_sources import check_placement
-from posttrain.train.run_dir import start_point
 
 
 class RewardPreflightError(PosttrainError, RuntimeError):

@@ -47,11 +47,11 @@ from posttrain.envs.section import EnvSection
 from posttrain.models.section import LoraSection, ModelSection
 from posttrain.rollout.ray_engine import ClusterSection
 from posttrain.rollout.vllm_engine import VLLMOptions
+from posttrain.run.run_options import OptimizerOptions, RunOptions
 from posttrain.sources.difficulty_filter import DataFilterSection
 from posttrain.sources.dynamic_sampling import DynamicSamplingSection
 from posttrain.sources.overlong import OverlongSection
 from posttrain.train.rl_combinations import combination_problems, unknown_choice
-from posttrain.train.run_options import OptimizerOptions, RunOptions
 
 PRESET_PACKAGE = "posttrain.presets"
 
@@ -260,7 +260,7 @@ class RLDataSection(DataSection):
 
 class RLRun(RunOptions, OptimizerOptions):
     """Everything ``posttrain rl`` reads: the options every training command has
-    (train/run_options.py; RL's defaults for steps, rate, warm-up and folder) and RL's own."""
+    (run/run_options.py; RL's defaults for steps, rate, warm-up and folder) and RL's own."""
 
     steps: int = with_default(RunOptions, "steps", 200)
     learning_rate: float = with_default(OptimizerOptions, "learning_rate", 1e-5)

@@ -42,6 +42,13 @@ def write_view(run_dir: str | Path, output: str | Path | None = None) -> Path:
     return path
 
 
+def write_recorded_view(run_dir: Path) -> None:
+    """The page a run draws over its folder at its end (``run_outputs.finish_run``'s ``pages``),
+    when it recorded any rollouts: the report links it; ``posttrain view`` draws it again."""
+    if (run_dir / "rollouts").is_dir():
+        write_view(run_dir)
+
+
 def view_data(run_dir: Path) -> dict[str, Any]:
     """Everything the page shows, as plain JSON-able data."""
     folder = run_dir / "rollouts"

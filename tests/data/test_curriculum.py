@@ -16,7 +16,7 @@ from posttrain.data.curriculum import LEVEL_COLUMN, CurriculumSection, curriculu
 from posttrain.data.loading import DataError
 from posttrain.data.sampler import CurriculumSampler
 from posttrain.distributed import World
-from posttrain.train.checkpoint import checkpoint_root
+from posttrain.run.checkpoint import checkpoint_root
 from posttrain.train.rl_config import load_rl_config
 
 ONE_PROCESS = World()

@@ -13,7 +13,7 @@ import shutil
 import pytest
 import torch
 
-from posttrain.train.checkpoint import checkpoint_root
+from posttrain.run.checkpoint import checkpoint_root
 from posttrain.train.rl import OnlineRL
 
 from .test_data_side import episode_run

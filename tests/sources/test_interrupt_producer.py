@@ -17,9 +17,9 @@ import torch
 
 from posttrain.config import ConfigError
 from posttrain.rollout.weight_mailbox import ThreadMailbox
+from posttrain.run.checkpoint import checkpoint_root
 from posttrain.sources.async_producer import AsyncProducer, token_version_metrics
 from posttrain.sources.recorded import read_batch
-from posttrain.train.checkpoint import checkpoint_root
 from posttrain.train.rl import OnlineRL
 from posttrain.train.rl_config import load_rl_config
 from tests.sources.test_async_producer import NO_KL, SMALL, TINY, deterministic, make_run, vowel_share

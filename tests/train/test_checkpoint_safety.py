@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from posttrain.cli import main
-from posttrain.train.checkpoint import LEGACY_STATE_FILE, STATE_STEM, _write_manifest, load_training_state
+from posttrain.run.checkpoint import LEGACY_STATE_FILE, STATE_STEM, _write_manifest, load_training_state
 from tests.cli.bad_inputs import BASE
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,10 +11,10 @@ import pytest
 from posttrain.config import ConfigError
 from posttrain.data.difficulty import filter_rows
 from posttrain.data.loading import DataError
+from posttrain.run.run_dir import RunDirError
 from posttrain.sources.recorded import read_batch
 from posttrain.train.rl import OnlineRL
 from posttrain.train.rl_config import load_rl_config
-from posttrain.train.run_dir import RunDirError
 
 TINY = ["model.tiny.layers=1", "model.tiny.hidden=32", "model.tiny.heads=2"]
 RUN = [*TINY, "data.task=reverse", "data.n_train=24", "data.n_eval=9", "eval_size=0", "prompts_per_step=2",

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from posttrain.train.checkpoint import load_training_state
+from posttrain.run.checkpoint import load_training_state
 
 pytestmark = pytest.mark.slow
 

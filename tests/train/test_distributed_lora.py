@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 
 from posttrain.models.logprobs import response_logprobs
 from posttrain.models.section import build_model_and_tokenizer
+from posttrain.run.checkpoint import load_weights_into
 from posttrain.sources.recorded import read_batch
-from posttrain.train.checkpoint import load_weights_into
 from posttrain.train.rl_config import RLRun, load_rl_config
 from tests.train.test_distributed import COMMANDS, COMMON, LOSS, metrics, posttrain, resume_from_step
 from tests.train.test_distributed_rl import RL, RUNS, steps

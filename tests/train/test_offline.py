@@ -9,8 +9,8 @@ from transformers import AutoModelForCausalLM
 from posttrain.data.tasks.reverse import make_rows, split_names
 from posttrain.models.tiny import build_tiny_causal_lm
 from posttrain.models.tokenizers import build_char_tokenizer
+from posttrain.run.checkpoint import latest_checkpoint
 from posttrain.telemetry.metrics import read_jsonl
-from posttrain.train.checkpoint import latest_checkpoint
 from posttrain.train.offline import LoopConfig, TrainingDiverged, train_offline
 from posttrain.train.schedule import lr_multiplier
 from posttrain.train.sft import SFTObjective

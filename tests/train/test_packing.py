@@ -167,7 +167,7 @@ def test_too_few_packed_rows_for_a_batch_are_refused(tmp_path, capsys):
 @pytest.mark.slow
 def test_a_packed_sft_run_resumes_exactly(tmp_path):
     from posttrain.cli import main
-    from posttrain.train.checkpoint import checkpoint_root
+    from posttrain.run.checkpoint import checkpoint_root
 
     common = [*TINY, "data.task=reverse", "data.n_train=40", "data.n_eval=9", "packing=true", "max_length=100"]
     common += ["batch_size=2", "steps=6", "save_every=2", "keep_last=6", "learning_rate=1e-2"]

@@ -14,8 +14,8 @@ from posttrain.config import ConfigError, load_config
 from posttrain.data.tasks import get_task
 from posttrain.data.tasks.reverse import reverse_reward
 from posttrain.evaluate import evaluate, pass_at_k, sampled_eval
+from posttrain.run.checkpoint import latest_checkpoint
 from posttrain.telemetry.metrics import read_jsonl
-from posttrain.train.checkpoint import latest_checkpoint
 from posttrain.train.preference import DPOObjective
 from posttrain.train.recipes import (
     DPORun,

@@ -14,7 +14,7 @@ import shutil
 import pytest
 import torch
 
-from posttrain.train.checkpoint import checkpoint_root
+from posttrain.run.checkpoint import checkpoint_root
 from posttrain.train.rl import OnlineRL
 from posttrain.train.rl_config import load_rl_config
 

@@ -65,7 +65,7 @@ class RunOptions(Section):
     """Checkpoint every this many steps (0: only at the end)."""
     stop_grace_s: float = Field(20.0, gt=0)
     """On SIGTERM (Slurm, Kubernetes), seconds to end the current step and save it before the step
-    is abandoned instead; either way the run stops with exit status 143 (train/stopping.py)."""
+    is abandoned instead; either way the run stops with exit status 143 (run/stopping.py)."""
     keep_last: int = Field(2, ge=1)
     """Complete checkpoints kept; the newest is never deleted."""
     eval_every: int = Field(0, ge=0)

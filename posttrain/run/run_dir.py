@@ -32,7 +32,7 @@ import yaml
 
 from posttrain.config import load_yaml
 from posttrain.errors import PosttrainError
-from posttrain.train.checkpoint import STEP_DIR, CheckpointError, checkpoint_root, verify_checkpoint
+from posttrain.run.checkpoint import STEP_DIR, CheckpointError, checkpoint_root, verify_checkpoint
 
 RUN_FILES = (
     "metrics.jsonl", "samples.jsonl", "checkpoints", "final", "report.html", "tensorboard", "wandb", "wandb_id",

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from posttrain.cli import main
+from posttrain.run.checkpoint import list_checkpoints
 from posttrain.telemetry.metrics import read_jsonl
-from posttrain.train.checkpoint import list_checkpoints
 
 SFT = ["sft", "model.tiny.layers=1", "model.tiny.hidden=32", "model.tiny.heads=2", "data.task=reverse"]
 SFT += ["data.n_train=32", "data.n_eval=9", "eval_size=0", "batch_size=4", "save_every=1", "keep_last=5"]

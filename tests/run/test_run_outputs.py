@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from posttrain.train.run_outputs import spread_by_reward
+from posttrain.run.run_outputs import spread_by_reward
 
 
 def test_the_best_the_worst_and_the_median_come_first():

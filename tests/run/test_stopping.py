@@ -1,4 +1,4 @@
-"""SIGTERM stops a run cleanly (issue 45, item 7; ``train/stopping.py``): at a step's end with a
+"""SIGTERM stops a run cleanly (issue 45, item 7; ``run/stopping.py``): at a step's end with a
 checkpoint when the step can end within ``stop_grace_s``, otherwise abandoning the step; the
 report is written, the exit status is 143, the message names the newest checkpoint and the
 command that resumes, and ``--resume auto`` continues exactly. Under torchrun one rank's signal
@@ -102,7 +102,7 @@ def test_a_step_that_cannot_end_within_the_grace_is_abandoned(tmp_path):
     run, marker = tmp_path / "run", tmp_path / "in_the_reward"
     args = ["rl", *TINY, "data.task=reverse", "data.n_train=16", "data.n_eval=9", "eval_size=0", "steps=3",
             "prompts_per_step=2", "samples_per_prompt=2", "max_new_tokens=4", "reward_workers=0", "preflight=false",
-            "rewards=[tests.train.test_stopping:slow_reward]", "reward_timeout=120", "stop_grace_s=0.5",
+            "rewards=[tests.run.test_stopping:slow_reward]", "reward_timeout=120", "stop_grace_s=0.5",
             f"output_dir={run}", "report_to=[]"]  # fmt: skip
     child = start(args, env={"POSTTRAIN_TEST_MARKER": str(marker)})
     wait_for(marker.exists, "the reward to be called")

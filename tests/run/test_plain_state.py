@@ -1,4 +1,4 @@
-"""The training state's data-only format (``train/plain_state.py``): what goes in comes back with
+"""The training state's data-only format (``run/plain_state.py``): what goes in comes back with
 its types, and what could not be read back without running code is refused when saving."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from posttrain.train.plain_state import PlainStateError, load_plain_state, save_plain_state
+from posttrain.run.plain_state import PlainStateError, load_plain_state, save_plain_state
 
 
 def test_values_come_back_with_their_types(tmp_path):

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from posttrain.models.tiny import build_tiny_causal_lm
 from posttrain.models.tokenizers import build_char_tokenizer
-from posttrain.train.checkpoint import (
+from posttrain.run.checkpoint import (
     CheckpointError,
     latest_checkpoint,
     list_checkpoints,
@@ -89,7 +89,7 @@ KILLED_SAVE = textwrap.dedent(
     """
     import sys, time
     from posttrain.models.tiny import build_tiny_causal_lm
-    from posttrain.train import checkpoint
+    from posttrain.run import checkpoint
 
     model = build_tiny_causal_lm(20, layers=1, hidden=32, heads=2)
     checkpoint.save_checkpoint(sys.argv[1], 1, model=model)
@@ -129,7 +129,7 @@ def test_kill_9_during_a_save_leaves_the_previous_checkpoint_usable(tmp_path):
 @pytest.mark.parametrize("tied", [True, False], ids=["tied-embeddings", "untied"])
 def test_a_lora_final_folder_is_the_adapted_model_without_touching_the_policy(tmp_path, tied):
     from posttrain.models.lora import apply_lora
-    from posttrain.train.checkpoint import save_final
+    from posttrain.run.checkpoint import save_final
 
     tokenizer = build_char_tokenizer()
     base = build_tiny_causal_lm(len(tokenizer), layers=2, hidden=32, heads=2, tokenizer=tokenizer)

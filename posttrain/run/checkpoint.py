@@ -35,7 +35,7 @@ from posttrain.distributed import is_sharded, load_full_weights, world
 from posttrain.errors import PosttrainError
 from posttrain.models.loading import quiet_progress_bars
 from posttrain.rollout.projections import is_peft_model
-from posttrain.train.plain_state import PlainStateError, load_plain_state, save_plain_state
+from posttrain.run.plain_state import PlainStateError, load_plain_state, save_plain_state
 
 MARKER = "COMPLETE"
 STATE_STEM = "training_state"

@@ -17,10 +17,10 @@ from torch import nn
 
 from posttrain.distributed import world
 from posttrain.rollout.batch import RolloutBatch
+from posttrain.run.checkpoint import quiet_progress_bars, save_final
+from posttrain.run.run_dir import prepare_run_dir
 from posttrain.telemetry import MetricsLogger, Progress, write_failure_report, write_report
 from posttrain.telemetry.report import conversation_text
-from posttrain.train.checkpoint import quiet_progress_bars, save_final
-from posttrain.train.run_dir import prepare_run_dir
 
 log = logging.getLogger(__name__)
 
@@ -83,39 +83,41 @@ def on_main(write: Callable[[], None]) -> None:
     ranks.barrier()
 
 
-def finish_run(out: Path, model: nn.Module, tokenizer: Any, title: str) -> None:
-    """``final/`` and the report, written by rank 0; no rank leaves before they are. A sharded
-    model's whole weights are gathered first (every rank takes part)."""
+# A page drawn over a run's folder before its report (the rollout viewer's ``rollouts.html``): the
+# loop names its pages, so run keeping needs no view of what a run recorded.
+Page = Callable[[Path], None]
+
+
+def finish_run(out: Path, model: nn.Module, tokenizer: Any, title: str, pages: Sequence[Page] = ()) -> None:
+    """``final/``, the ``pages`` and the report, written by rank 0; no rank leaves before they are. A
+    sharded model's whole weights are gathered first (every rank takes part)."""
     weights = world().full_weights(model)
 
     def write() -> None:
         with quiet_progress_bars():
             save_final(model, out / "final", tokenizer, weights=weights)
-        write_rollout_view(out)
+        write_pages(out, pages)
         write_report(out, title=title)
 
     on_main(write)
 
 
-def report_failure(out: Path, title: str, error: BaseException) -> None:
-    """The failure report (what was logged up to the failure, and why), by rank 0; no collective:
-    the other ranks may be gone."""
+def report_failure(out: Path, title: str, error: BaseException, pages: Sequence[Page] = ()) -> None:
+    """The failure report (what was logged up to the failure, and why) and the ``pages``, by rank
+    0; no collective: the other ranks may be gone."""
     if world().is_main:
-        write_rollout_view(out)
+        write_pages(out, pages)
         write_failure_report(out, title=title, error=error)
 
 
-def write_rollout_view(out: Path) -> None:
-    """``rollouts.html`` over the run's recorded rollouts, when it recorded any (the report links
-    it). A page that cannot be drawn is logged, never raised: the run's own outcome comes first."""
-    if not (out / "rollouts").is_dir():
-        return
-    from posttrain.train.rollout_view import write_view
-
-    try:
-        write_view(out)
-    except Exception as error:
-        log.warning("could not write %s/rollouts.html (posttrain view %s draws it again): %s", out, out, error)
+def write_pages(out: Path, pages: Sequence[Page]) -> None:
+    """Each page over the run's folder. A page that cannot be drawn is logged, never raised: the
+    run's own outcome comes first."""
+    for page in pages:
+        try:
+            page(out)
+        except Exception as error:
+            log.warning("could not draw %s over %s: %s", getattr(page, "__name__", page), out, error)
 
 
 def logged_samples(batch: RolloutBatch, count: int) -> list[dict[str, Any]]:

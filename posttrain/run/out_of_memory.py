@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from posttrain.errors import PosttrainError
-from posttrain.train.checkpoint import latest_checkpoint
+from posttrain.run.checkpoint import latest_checkpoint
 
 # what lowers each stage's memory, in the order to try; the keys whose values the message quotes
 SETTINGS = {
