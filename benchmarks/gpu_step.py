@@ -344,7 +344,7 @@ def grpo_config(args: argparse.Namespace, device: torch.device, model: Path, gra
 def plan_sized_run(args: argparse.Namespace, device: torch.device, model: Path, graphs: bool, steps: int):
     """The realistic GRPO step's run as ``posttrain rl`` sizes it by default (micro-batches from
     the memory plan), ready to ``run()``."""
-    from posttrain.train.plan import announce_plan
+    from posttrain.plan.announce import announce_plan
     from posttrain.train.rl import OnlineRL
 
     config = grpo_config(args, device, model, graphs, steps, "micro_batch_size=null")
@@ -357,7 +357,8 @@ def case_memory(args: argparse.Namespace, device: torch.device) -> None:
     against the peak allocated on the card (on the CPU: the process's peak RSS so far)."""
     import resource
 
-    from posttrain.train.plan import announce_plan, plan_for
+    from posttrain.plan.announce import announce_plan
+    from posttrain.plan.plan import plan_for
     from posttrain.train.rl import OnlineRL
 
     model, _ = grpo_model(args)
@@ -399,7 +400,7 @@ GRPO_VARIANTS = {
 
 
 def case_grpo(args: argparse.Namespace, device: torch.device, flops: float | None) -> None:
-    from posttrain.train.plan import announce_plan
+    from posttrain.plan.announce import announce_plan
     from posttrain.train.rl import OnlineRL
 
     model, params = grpo_model(args)

@@ -124,8 +124,9 @@ def run_case(name: str) -> dict:
     import resource
 
     from posttrain.config import load_config
+    from posttrain.plan.announce import announce_plan
+    from posttrain.plan.plan import plan_for
     from posttrain.train import recipes
-    from posttrain.train.plan import announce_plan, plan_for
 
     command, path, overrides = CASES[name]
     out = tempfile.mkdtemp(prefix=f"memplan-{name}-")

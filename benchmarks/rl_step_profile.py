@@ -36,7 +36,7 @@ VARIANTS = {
     "checkpointed": ["model.gradient_checkpointing=true", "micro_batch_size=8"],
     "one_group": ["model.gradient_checkpointing=false", "micro_batch_size=4"],
     "two_groups": ["model.gradient_checkpointing=false", "micro_batch_size=8"],
-    # no bound set: the passes are sized by the memory plan (train/micro_batch_budget.py)
+    # no bound set: the passes are sized by the memory plan (plan/micro_batch_budget.py)
     "derived": ["model.gradient_checkpointing=false", "micro_batch_size=null"],
     # the same, padding-free: samples end to end in one row, each prompt computed with its sample
     "packed": ["model.gradient_checkpointing=false", "micro_batch_size=null", "padding_free=true"],

@@ -35,7 +35,7 @@ metric sink            ``telemetry/metrics.py`` (``report_to``)
 =====================  ==================================================================
 
 Floors: imports go one way, ``algos → models → data → rollout → rewards → envs → evaluate →
-run → sources → train → cli`` over a ground of small modules (errors, config, devices, distributed,
+run → sources → train → plan → cli`` over a ground of small modules (errors, config, devices, distributed,
 ...); the sources never import the loop (docs/design.md, "Package layout"; tests/test_layout.py).
 
 The RL loop is ``train/rl.py`` (run, save) with a file per stage: ``rl_sources.py`` (the wiring

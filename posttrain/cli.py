@@ -70,7 +70,7 @@ def _train(args: argparse.Namespace) -> int:
     main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun, one header and one ending
     if main_rank:
         print("\n".join(run_header(args.command, config)), flush=True)
-    from posttrain.train.plan import announce_plan
+    from posttrain.plan.announce import announce_plan
 
     # every rank sizes its micro-batches alike; rank 0 prints the plan; a run that cannot fit stops here
     config = announce_plan(args.command, config, echo=main_rank)

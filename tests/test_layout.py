@@ -130,6 +130,7 @@ FLOORS = [
     {"run"},
     {"sources"},
     {"train"},
+    {"plan"},
     {"demo", "launch", "cli", "run_commands", "eval_command", "__main__", "presets", "posttrain"},
 ]
 
@@ -173,3 +174,65 @@ def test_the_sources_import_nothing_from_the_loop():
         if folder_of(name) == "train"
     ]
     assert not found, found
+
+
+def imported_modules(path: Path, found: dict[str, Path]) -> set[str]:
+    """The package's modules a file imports anywhere in it (deferred, or for types): ``from a.b
+    import c`` names ``a.b.c`` where that is a module, else ``a.b``."""
+    named: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            named |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                named.add(f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in found else node.module)
+    return {name for name in named if name in found}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected parts of more than one module (Tarjan): each is a circle of imports."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            part = stack[stack.index(node) :]
+            del stack[stack.index(node) :]
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+# Folders whose files import each other one way only, counting deferred imports too: the planner
+# reads the config and its own formulas, never itself back; run keeping is a floor others build on.
+NO_CIRCLE_INSIDE = {"plan", "run"}
+
+
+def test_no_circle_between_folders_nor_inside_the_planner():
+    """The floors keep folders of different floors apart; this also catches a circle between two
+    folders of one floor (the ground's modules) and between files of ``NO_CIRCLE_INSIDE``."""
+    found = modules()
+    graph = {
+        name: {m for m in imported_modules(path, found) if m != name and not name.startswith(m + ".")}
+        for name, path in found.items()
+    }
+    bad = [
+        part
+        for part in circles(graph)
+        if len({folder_of(module) for module in part}) > 1 or folder_of(part[0]) in NO_CIRCLE_INSIDE
+    ]
+    assert not bad, "\n".join(" <-> ".join(part) for part in bad)

@@ -86,6 +86,18 @@ def check_model_source(section: ModelSection) -> None:
         raise ModelLoadError(f"model.path: {error}") from None
 
 
+def vocab_size(section: ModelSection) -> int:
+    """The model's vocabulary without loading it: its folder's config.json, or the character
+    tokenizer's (a tiny model is built over it)."""
+    if section.path is not None:
+        from posttrain.models.loading import read_config
+
+        return int(read_config(section.path).vocab_size)
+    from posttrain.models.tokenizers import build_char_tokenizer
+
+    return len(build_char_tokenizer())
+
+
 def build_model_and_tokenizer(section: ModelSection, seed: int) -> tuple[Any, Any]:
     from posttrain.models.loading import enable_checkpointing, load_causal_lm, load_tokenizer, resolve_dtype
     from posttrain.models.tiny import build_tiny_causal_lm

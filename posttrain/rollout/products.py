@@ -17,7 +17,7 @@ Three ways, all computing ``x @ weightᵀ`` (to float32 rounding):
   pass over the weights, so the decoder packs only where the rows × steps still to decode
   repay it, and drops the packs with the weights they were made from. The packs hold about as
   much memory as the weights, so a model is packed only while that is a small share of the
-  machine's (:func:`packs_fit`; the memory plan counts them, train/plan.py).
+  machine's (:func:`packs_fit`; the memory plan counts them, plan/plan.py).
 """
 
 from __future__ import annotations

@@ -125,7 +125,8 @@ def comparable(spec: str, command: str) -> tuple[str, dict[str, Any]]:
     if target.is_file():
         config, _ = resolved_with_origins(command, str(target), [])
         return f"{target} (as {command})", flatten(config.model_dump(mode="json"))
-    from posttrain.train.rl_config import AlgorithmSection, RolloutSection, preset_names, preset_rollout, read_preset
+    from posttrain.train.rl_config import preset_names, preset_rollout, read_preset
+    from posttrain.train.rl_sections import AlgorithmSection, RolloutSection
 
     if command == "rl" and spec in preset_names():  # the sections a preset sets, defaults filled in
         sections = {

@@ -69,8 +69,6 @@ from posttrain.train.rl_config import RLRun
 from posttrain.train.rl_prepare import (
     BatchPreparer,
     build_kl_controller,
-    minibatch_size,
-    recompute_old_logprobs,
     sequence_logprobs,
 )
 from posttrain.train.rl_sources import build_source, learner_engine, reward_pool, stop_workers
@@ -217,11 +215,11 @@ class OnlineRL:
 
     @property
     def minibatch_size(self) -> int:
-        return minibatch_size(self.config)
+        return self.config.minibatch_samples
 
     @property
     def recompute_old_logprobs(self) -> bool:
-        return recompute_old_logprobs(self.config)
+        return self.config.recomputes_old_logprobs
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> list[dict[str, float]]:

@@ -21,7 +21,7 @@ from posttrain.devices import resolve_device
 from posttrain.distributed import join, note_strategy
 from posttrain.envs import resolve_environment
 from posttrain.errors import PosttrainError
-from posttrain.models.section import check_model_source
+from posttrain.models.section import check_model_source, vocab_size
 from posttrain.run.run_dir import start_point
 from posttrain.sources.recorded import check_replay_folder, run_shape
 from posttrain.telemetry.metrics import check_report_to
@@ -172,10 +172,9 @@ def check_critic_folder(config: RLRun) -> None:
     if critic is None or critic.init_from is None:
         return
     from posttrain.models.loading import check_model_folder, read_config
-    from posttrain.train.plan import model_shape
 
     folder = check_model_folder(critic.init_from)
-    theirs, ours = read_config(folder).vocab_size, model_shape(config.model).vocab
+    theirs, ours = read_config(folder).vocab_size, vocab_size(config.model)
     if theirs != ours:
         raise ConfigError(
             f"algorithm.critic.init_from = {critic.init_from!r} has a vocabulary of {theirs} tokens and the "

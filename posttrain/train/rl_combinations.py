@@ -15,7 +15,8 @@ from posttrain.algos.registry import EstimatorNeeds
 from posttrain.devices import precision_problem
 
 if TYPE_CHECKING:
-    from posttrain.train.rl_config import AlgorithmSection, KLSection, RLRun
+    from posttrain.train.rl_config import RLRun
+    from posttrain.train.rl_sections import AlgorithmSection, KLSection
 
 
 def combination_problems(config: RLRun) -> list[str]:

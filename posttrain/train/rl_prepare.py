@@ -18,7 +18,6 @@ from torch import Tensor, nn
 
 from posttrain.algos import (
     ADVANTAGE_ESTIMATORS,
-    POLICY_LOSSES,
     AdaptiveKLControllerHorizon,
     AdaptiveKLControllerPPO,
     FixedKLController,
@@ -45,36 +44,6 @@ def build_kl_controller(kl: Any) -> Any:
     if kl.controller == "adaptive_ppo":
         return AdaptiveKLControllerPPO(value=kl.coef, target=kl.target)
     return FixedKLController(kl.coef)
-
-
-def minibatch_size(config: RLRun) -> int:
-    return config.minibatch_size or config.rollout_batch_size
-
-
-def several_updates(config: RLRun) -> bool:
-    """Whether a batch gets more than one optimizer step (then π_old and π differ after the first)."""
-    return config.ppo_epochs > 1 or minibatch_size(config) < config.rollout_batch_size
-
-
-def recompute_old_logprobs(config: RLRun) -> bool:
-    """Only with more than one optimizer step per batch do π_old and π differ; on-policy
-    the ratio is exactly 1 and π_old is π detached (TRL does the same). The decoupled loss with
-    ``algorithm.proximal: loglinear`` approximates its π_prox instead of this forward pass."""
-    return several_updates(config) and config.algorithm.proximal == "recompute"
-
-
-def anchors_on_engine(config: RLRun) -> bool:
-    """Whether π_old is the engine's log-probs rather than the trainer's.
-
-    Asynchronous runs (``rollout.max_staleness`` ≥ 1) sample with weights up to η updates older
-    than the policy at the start of the step: a policy loss anchored on the trainer's log-probs
-    would clip around a policy that never generated the data, and its ratio would not correct
-    for the staleness (a reported pitfall of async RL stacks). So a loss without a proximal
-    policy takes π_old = π_behav, the engine's log-probs (PPO's ratio against the sampling
-    policy); the decoupled loss gets both (train/rl_update.py)."""
-    return config.rollout.max_staleness >= 1 and not POLICY_LOSSES.declares(
-        config.algorithm.policy_loss, "proximal_logprobs"
-    )
 
 
 def sequence_logprobs(
@@ -193,7 +162,7 @@ class BatchPreparer:
         self.policy, self.reference, self.critic = policy, reference, critic
         self.kl_controller, self.running_baseline = kl_controller, running_baseline
         self.rewards_weights = rewards_weights
-        self.recompute_old_logprobs = recompute_old_logprobs(config)
+        self.recompute_old_logprobs = config.recomputes_old_logprobs
         self.ranks = world()
 
     @property
@@ -215,7 +184,7 @@ class BatchPreparer:
         if self.algo.mask_truncated:
             loss_mask[batch.truncated] = 0.0
         batch.loss_mask = loss_mask
-        if anchors_on_engine(self.config):
+        if self.config.anchors_on_engine:
             batch.old_logprobs = batch.engine_logprobs
         elif self.recompute_old_logprobs:
             batch.old_logprobs = self._logprobs(self.policy, batch)

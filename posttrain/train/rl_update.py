@@ -32,7 +32,7 @@ from posttrain.errors import TrainingDiverged
 from posttrain.rollout.batch import RolloutBatch
 from posttrain.train.micro_batches import micro_batch_bounds
 from posttrain.train.rl_config import RLRun
-from posttrain.train.rl_prepare import anchors_on_engine, minibatch_size, sequence_logprobs, several_updates
+from posttrain.train.rl_prepare import sequence_logprobs
 from posttrain.train.schedule import lr_multiplier
 
 # metrics a micro-batch reports as its part of the minibatch's value (summed, not weighted)
@@ -47,12 +47,12 @@ class PolicyUpdate:
         self.config, self.algo = config, config.algorithm
         self.policy, self.critic, self.kl_controller = policy, critic, kl_controller
         self.device = model_device(policy)
-        self.minibatch_size = minibatch_size(config)
-        self.several_updates = several_updates(config)
+        self.minibatch_size = config.minibatch_samples
+        self.several_updates = config.several_updates
         # AReaL's decoupled objective (a loss that takes proximal_logprobs): π_prox is the policy
         # at the start of this step, π_behav the engine that sampled the tokens
         self.decoupled = POLICY_LOSSES.declares(config.algorithm.policy_loss, "proximal_logprobs")
-        self.anchors_on_engine = anchors_on_engine(config)
+        self.anchors_on_engine = config.anchors_on_engine
         self.params = [p for p in policy.parameters() if p.requires_grad]
         self.ranks, self.sharded = world(), is_sharded(policy)
         # zero gradients from the start, not None: AdamW skips a parameter whose gradient is

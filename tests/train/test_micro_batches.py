@@ -30,8 +30,8 @@ CUT = 512  # tokens: the minibatch (32 samples of up to 35 + 8 tokens) takes sev
 def memory_for(budget: int) -> float:
     """A ``memory_gib`` from which the plan derives ``budget``: between its peaks at ``budget`` and
     at the next budget up, put back into the units the derivation compares (micro_batch_budget.py)."""
-    from posttrain.train.micro_batch_budget import CPU_RESERVE, HEADROOM, QUANTUM
-    from posttrain.train.plan import make_plan, plan_inputs
+    from posttrain.plan.micro_batch_budget import CPU_RESERVE, HEADROOM, QUANTUM
+    from posttrain.plan.plan import make_plan, plan_inputs
     from posttrain.train.rl_config import load_rl_config
 
     config = load_rl_config(None, [*RL[1:], "output_dir=unused"])

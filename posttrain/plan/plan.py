@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from posttrain.errors import PosttrainError
+from posttrain.plan.memory_model import DTYPE_BYTES, MemoryPlan, ModelShape, Phase, human, logits_bytes
 from posttrain.rollout.products import packs_pay
-from posttrain.train.memory_model import DTYPE_BYTES, MemoryPlan, ModelShape, Phase, human, logits_bytes, plan_lines
 
 LENGTH_SAMPLE = 2000  # rows whose lengths are measured (all of them when fewer)
 
@@ -138,8 +138,6 @@ def _resident(config: Any, shape: ModelShape, *, reference: bool) -> Phase:
 
 def rl_plan(config: Any, shape: ModelShape, prompt_tokens: int, reward_models: Sequence[ModelShape] = ()) -> MemoryPlan:
     """The phases of an RL step: generation, log-probs (policy, reference, critic) and the update."""
-    from posttrain.train.rl_prepare import anchors_on_engine, minibatch_size, recompute_old_logprobs
-
     p, a = DTYPE_BYTES[config.model.dtype], _activation_bytes(config)
     engine = 2 if a == 2 and not _on_cpu(config) else p  # bf16 copies on an accelerator (rl_sources.py)
     lora = config.model.lora is not None
@@ -160,17 +158,17 @@ def rl_plan(config: Any, shape: ModelShape, prompt_tokens: int, reward_models: S
     if config.eval_every and config.eval_size != 0:
         eval_rows = config.eval_batch_size
         phases.append(_generation("evaluation", shape, eval_rows, eval_rows, *generation))
-    micro = micro_rows(config, minibatch_size(config), length)
+    micro = micro_rows(config, config.minibatch_samples, length)
     tokens, response = micro * length, length - prompt_tokens
     # a group's prompt encoded once, its samples' responses reading its keys and values (a
-    # checkpointed model takes the full forward: rl_prepare.py)
+    # checkpointed model keeps no cache, so it takes the full forward)
     shared = config.shared_prompt_forward and not config.model.gradient_checkpointing and config.env is None
     shared = shared and not config.padding_free  # a packed pass computes each sample's prompt
     if shared:
         groups = -(-micro // config.samples_per_prompt)
         tokens = groups * prompt_tokens + micro * response
     # forward passes without autograd: π_old (several updates a batch), π_ref, the critic's values
-    policy_passes = recompute_old_logprobs(config) and not anchors_on_engine(config)
+    policy_passes = config.recomputes_old_logprobs and not config.anchors_on_engine
     chunked = shape.plain_head and config.strategy != "fsdp2"  # models/logprobs.py output_layer
     if policy_passes or config.algorithm.kl.needs_reference:
         logits = logits_bytes(micro, response + 1, shape.vocab, a, with_gradient=False, chunked_head=chunked)
@@ -379,41 +377,3 @@ def plan_for(command: str, config: Any) -> tuple[MemoryPlan, str, int | None]:
 
     device, available = device_memory(resolve_device(config.device), config.memory_gib)
     return make_plan(plan_inputs(command, config), config), device, available
-
-
-def announce_plan(command: str, config: Any, *, echo: bool = True) -> Any:
-    """The run's config with its micro-batch budget resolved (micro_batch_budget.py); prints the
-    memory plan (``echo``: rank 0) and refuses a run whose peak cannot fit (``--plan`` stops here)."""
-    from posttrain.devices import resolve_device
-    from posttrain.run.out_of_memory import REMEDIES
-    from posttrain.train.micro_batch_budget import budget_line, resolve_budget
-
-    where = resolve_device(config.device)
-    _check_before_data(command, config)
-    device, available = device_memory(where, config.memory_gib)
-    inputs = plan_inputs(command, config)
-    config, origin = resolve_budget(inputs, config, available, where.type == "cpu")
-    plan = make_plan(inputs, config)
-    if echo:
-        sizing = budget_line(inputs, config, origin)
-        lines = plan_lines(plan, device, available)
-        print("\n".join([f"[{command}] memory plan (estimated from the shapes):", *lines, *filter(None, [sizing])]))
-    stage = STAGE_OF_PHASE.get(plan.peak_phase.name, plan.peak_phase.name)
-    check_fits(plan, device, available, REMEDIES.get(stage, "the batch sizes"))
-    return config
-
-
-def _check_before_data(command: str, config: Any) -> None:
-    """What the run itself checks before it reads the data, so that its first error stays the
-    same: the run folder, the metric sinks, the model folder (and, in RL, a recording, the environment)."""
-    if command == "rl":
-        from posttrain.train.rl_checks import check_settings
-
-        check_settings(config)
-    else:
-        from posttrain.train.recipes import check_run_dir
-
-        check_run_dir(config)
-
-
-STAGE_OF_PHASE = {"values": "log-probs", "critic update": "update"}  # phases named as the run's stages

@@ -12,9 +12,9 @@ import torch
 from posttrain.cli import main
 from posttrain.models.tiny import build_tiny_causal_lm
 from posttrain.models.tokenizers import build_char_tokenizer
+from posttrain.plan.memory_model import ModelShape, human
+from posttrain.plan.plan import model_shape
 from posttrain.rollout.products import can_pack
-from posttrain.train.memory_model import ModelShape, human
-from posttrain.train.plan import model_shape
 from posttrain.train.rl_config import load_rl_config
 
 TOKENIZER = build_char_tokenizer()

@@ -11,7 +11,7 @@ the run really holds, in bytes; the formulas:
 * KV cache ``2·L·B·k·d·S·p`` for ``B`` sequences of ``S`` positions;
 * activations kept for the backward pass, per token and layer ``(12·H + 4·I)·a`` bytes (``a``:
   the activations' bytes). Counted with autograd's saved-tensor hooks on llama and qwen2 layers
-  (``tests/train/test_memory_model.py``): the norms' inputs, q/k/v, the rotated q/k, the
+  (``tests/plan/test_memory_model.py``): the norms' inputs, q/k/v, the rotated q/k, the
   attention output (PyTorch's fused attention keeps no ``T × T`` scores), the MLP's
   gate/up/product. With gradient checkpointing each layer keeps its input ``H·a`` and one layer's
   full set is rebuilt at a time in the backward pass;

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.config import ConfigError
-from posttrain.train.memory_model import MemoryPlan
-from posttrain.train.plan import PlanInputs, make_plan, micro_rows
+from posttrain.plan.memory_model import MemoryPlan
+from posttrain.plan.plan import PlanInputs, make_plan, micro_rows
 
 QUANTUM = 256  # tokens: budgets are multiples of it (the smallest one too: a plan needing less is refused)
 HEADROOM = 0.8  # of the device's memory: allocator fragmentation and what the plan does not count
@@ -45,9 +45,7 @@ def needs_budget(command: str, config: Any) -> bool:
 def whole_tokens(inputs: PlanInputs, config: Any) -> int:
     """Tokens of one pass over the whole minibatch (the most any budget can use)."""
     if inputs.command == "rl":
-        from posttrain.train.rl_prepare import minibatch_size
-
-        return minibatch_size(config) * (inputs.length + config.max_new_tokens)
+        return config.minibatch_samples * (inputs.length + config.max_new_tokens)
     pair = 2 if inputs.command in ("rm", "dpo") else 1
     return config.batch_size * pair * inputs.length
 
@@ -121,8 +119,6 @@ def budget_line(inputs: PlanInputs, config: Any, origin: str | None) -> str | No
         return None
     where = "recorded in the checkpoint" if origin == "recorded" else "derived from the device's memory"
     if inputs.command == "rl":
-        from posttrain.train.rl_prepare import minibatch_size
-
-        rows = micro_rows(config, minibatch_size(config), inputs.length + config.max_new_tokens)
+        rows = micro_rows(config, config.minibatch_samples, inputs.length + config.max_new_tokens)
         where += f"; about {rows} samples of the longest"
     return f"  {'micro-batch':<13} {tokens} tokens ({where}): micro_batch_tokens"
