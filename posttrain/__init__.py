@@ -32,20 +32,26 @@ model / data option    ``models/section.py`` / ``data/section.py`` (the ``model:
                        ``data:`` config sections and what builds from them)
 launcher (torchrun)    one module under ``train/``, wrapping the loop, not inside it
 metric sink            ``telemetry/metrics.py`` (``report_to``)
+run-keeping step       ``run/`` (folder, checkpoint, plain state, signals, outputs), shared by
+                       both loops; it knows no loop, stage or algorithm
+page over a run        ``view/`` (what ``posttrain view`` draws), or ``telemetry/report.py``
+memory-plan phase      ``plan/plan.py``, from the config and the shapes; a number it needs
+                       from the loop becomes an ``RLRun`` property, never a stage import
 =====================  ==================================================================
 
 Floors: imports go one way, ``algos → models → data → rollout → rewards → envs → evaluate →
-run → sources → train → plan → cli`` over a ground of small modules (errors, config, devices, distributed,
-...); the sources never import the loop (docs/design.md, "Package layout"; tests/test_layout.py).
+run → sources → view → train → plan → cli`` over a ground of small modules (errors, config,
+devices, distributed, ...); the sources never import the loop (docs/design.md, "Package layout";
+tests/test_layout.py).
 
 The RL loop is ``train/rl.py`` (run, save) with a file per stage: ``rl_sources.py`` (the wiring
 of its source and data-side wrappers), ``rl_prepare.py`` (π_old, π_ref, values, token rewards,
 advantages), ``rl_update.py`` (minibatches, accumulation, metrics); its config is
-``train/rl_config.py``. The offline loop behind
+``train/rl_config.py`` (sections in ``rl_sections.py``). The offline loop behind
 ``sft``/``rm``/``dpo`` and the demo is ``train/offline.py``, its objectives ``train/sft.py`` and
 ``train/preference.py``, the commands' configs ``train/recipes.py``. Both loops keep their run
-(folder, checkpoints, SIGTERM, outputs) with ``run/``. Formulas: docs/algorithms.md; design:
-docs/design.md.
+(folder, checkpoints, SIGTERM, outputs) with ``run/``; ``plan/`` sizes a run before it loads.
+Formulas: docs/algorithms.md; design: docs/design.md.
 """
 
 __version__ = "0.1.0"

@@ -68,7 +68,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _view(args: argparse.Namespace) -> int:
-    from posttrain.train.rollout_view import write_view
+    from posttrain.view.rollout_view import write_view
 
     folder = Path(args.run_dir)
     if not folder.is_dir():

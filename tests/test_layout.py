@@ -129,6 +129,7 @@ FLOORS = [
     {"evaluate"},
     {"run"},
     {"sources"},
+    {"view"},
     {"train"},
     {"plan"},
     {"demo", "launch", "cli", "run_commands", "eval_command", "__main__", "presets", "posttrain"},

@@ -148,7 +148,7 @@ def _stopped(reason: str | None) -> str:
 
 
 def read_alarm(run_dir: Path) -> dict[str, Any] | None:
-    """The reward-hacking alarm's record (``alarm.json``, train/hacking_alarm.py), when it fired."""
+    """The reward-hacking alarm's record (``alarm.json``, rewards/hacking_alarm.py), when it fired."""
     path = run_dir / "alarm.json"
     try:
         record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None

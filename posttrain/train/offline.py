@@ -37,8 +37,8 @@ from posttrain.run.run_outputs import Silent, finish_run, on_main, ready_run_dir
 from posttrain.run.stopping import StopOnSignal
 from posttrain.telemetry import MetricsLogger
 from posttrain.train.micro_batches import example_cost, offline_passes, split_evenly
-from posttrain.train.rollout_view import write_recorded_view
 from posttrain.train.schedule import lr_multiplier
+from posttrain.view.rollout_view import write_recorded_view
 
 
 class LoopConfig(RunOptions, OptimizerOptions):

@@ -46,6 +46,7 @@ from posttrain.memory import return_free_memory
 from posttrain.models.section import build_model_and_tokenizer
 from posttrain.models.value import critic_for
 from posttrain.rewards import NamedReward, RewardSet
+from posttrain.rewards.hacking_alarm import HackingAlarm
 from posttrain.rewards.registry import resolve_rewards
 from posttrain.rollout.batch import RolloutBatch
 from posttrain.run.checkpoint import checkpoint_root
@@ -62,7 +63,6 @@ from posttrain.run.run_outputs import (
 )
 from posttrain.run.stopping import StopOnSignal
 from posttrain.sources import RolloutSource
-from posttrain.train.hacking_alarm import HackingAlarm
 from posttrain.train.rl_checkpoint import resume_rl, save_rl_checkpoint
 from posttrain.train.rl_checks import StepWarnings, check_before_loading, preflight_rewards
 from posttrain.train.rl_config import RLRun
@@ -73,7 +73,7 @@ from posttrain.train.rl_prepare import (
 )
 from posttrain.train.rl_sources import build_source, learner_engine, reward_pool, stop_workers
 from posttrain.train.rl_update import PolicyUpdate
-from posttrain.train.rollout_view import write_recorded_view
+from posttrain.view.rollout_view import write_recorded_view
 
 Echo = Callable[[str], None]
 PROGRESS_KEYS = ("reward/mean", "eval/accuracy", "loss/policy", "kl/ref", "response/length_mean")

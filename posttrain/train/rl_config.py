@@ -146,7 +146,7 @@ class RLRun(RunOptions, OptimizerOptions):
     log_samples: int = Field(4, ge=0)
     """Completions written to samples.jsonl per step."""
     monitor_window: int = Field(20, ge=0)
-    """The reward-hacking alarm (train/hacking_alarm.py): with a monitor — a reward of weight 0 in
+    """The reward-hacking alarm (rewards/hacking_alarm.py): with a monitor — a reward of weight 0 in
     reward_weights, measured but not optimised — warn once when, from the half-window before the
     newest (monitor_window / 2 steps) or from the run's first, the optimised reward rose while the
     monitor fell (each by ≥ 3 standard errors) and the next two half-windows confirm the fall,

@@ -1,4 +1,4 @@
-"""Every example's runs, checked after its test: the reward-hacking alarm (train/hacking_alarm.py)
+"""Every example's runs, checked after its test: the reward-hacking alarm (rewards/hacking_alarm.py)
 fires only where a test module expects it (``ALARMS_EXPECTED``: the run folders that raise it,
 e.g. the RLHF example's β = 0 run); every other run of every example stays silent.
 

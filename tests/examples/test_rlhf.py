@@ -64,6 +64,6 @@ def test_rlhf_example_shows_reward_hacking_and_its_mitigation(tmp_path):
     assert (tmp_path / "rlhf_hacking.png").stat().st_size > 10_000
     assert (tmp_path / "report.html").is_file()
     # the alarm: raised by step 40 of 60 at one thread here (found at 20 against steps 1-10,
-    # confirmed by 21-40); the β = 0 runs above raised it at steps 40-46 (train/hacking_alarm.py)
+    # confirmed by 21-40); the β = 0 runs above raised it at steps 40-46 (rewards/hacking_alarm.py)
     alarm = json.loads((tmp_path / "ppo_beta0" / "alarm.json").read_text())
     assert alarm["monitor"]["name"] == "preference_rule" and alarm["optimised"]["after"] > alarm["optimised"]["before"]

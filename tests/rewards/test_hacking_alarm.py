@@ -10,14 +10,14 @@ import json
 import random
 
 from posttrain.cli import main
-from posttrain.train.hacking_alarm import HackingAlarm
+from posttrain.rewards.hacking_alarm import HackingAlarm
 
 RUN = [
     "rl", "model.tiny.layers=1", "model.tiny.hidden=32", "model.tiny.heads=2", "data.task=reverse",
     "data.n_train=64", "data.n_eval=9", "eval_size=0", "steps=30", "prompts_per_step=4", "samples_per_prompt=8",
     "max_new_tokens=8", "learning_rate=3e-2", "monitor_window=10", "report_to=[]", "reward_workers=0",
 ]  # fmt: skip
-HERE = "tests.train.test_hacking_alarm"
+HERE = "tests.rewards.test_hacking_alarm"
 
 
 def x_share(prompts, completions, **columns):

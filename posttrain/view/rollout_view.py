@@ -2,7 +2,7 @@
 
 Reads what ``record_rollouts`` wrote under ``RUN_DIR/rollouts/`` (``sources/recorded.py``): every
 step's scored batch and, where the loop wrote it, what batch preparation added (advantages, the
-loss mask, π_old). Each sample becomes a record the page (``telemetry/rollout_page.py``) filters,
+loss mask, π_old). Each sample becomes a record the page (``view/rollout_page.py``) filters,
 sorts and draws: its prompt, its tokens — the policy's and, between an episode's turns, the
 environment's — each with its text, engine log-prob, engine−trainer gap, advantage, whether it was
 trained on and the policy version that sampled it, the tool calls its turns made, its reward per
@@ -23,7 +23,7 @@ import yaml
 from posttrain.errors import PosttrainError
 from posttrain.sources.recorded import read_batch, read_prepared, recorded_steps
 from posttrain.telemetry.report import conversation_text, read_alarm
-from posttrain.telemetry.rollout_page import render_page
+from posttrain.view.rollout_page import render_page
 
 MAX_STEPS = 200
 TOKEN_BUDGET = 400_000  # prompt and response tokens on one page (~40 MB of HTML at most)

@@ -1,6 +1,6 @@
 """What ``posttrain view`` reads and how much: a long run records one step in N (at most 200
 steps; not replayable, and a replay says so), and the page over a very long recording stays
-bounded. The page itself is opened in a browser by tests/telemetry/test_rollout_view_browser.py."""
+bounded. The page itself is opened in a browser by tests/view/test_rollout_view_browser.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from posttrain.cli import main
 from posttrain.sources.recorded import RecordingError, check_replay_folder, recorded_steps
 from posttrain.train import rl_sources
-from posttrain.train.rollout_view import MAX_STEPS, view_data, write_view
+from posttrain.view.rollout_view import MAX_STEPS, view_data, write_view
 from tests.train.test_rl import SMALL, TINY
 
 RUN = ["rl", *TINY, *SMALL, "rewards=[tests.train.test_rl:vowel_share]", "report_to=[]"]

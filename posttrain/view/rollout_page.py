@@ -1,4 +1,4 @@
-"""The rollout viewer's page: the data of ``train/rollout_view.py`` drawn by one script, no
+"""The rollout viewer's page: the data of ``view/rollout_view.py`` drawn by one script, no
 network, no library. Steps × groups of samples, each a card: prompt, the tokens coloured by a
 chosen quantity (log-prob, engine−trainer gap, advantage, trained or not, policy version), the
 environment's text between an episode's turns set apart, tool calls listed under their turn;
