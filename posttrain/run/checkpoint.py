@@ -32,19 +32,24 @@ import numpy as np
 import torch
 
 from posttrain.distributed import is_sharded, load_full_weights, world
-from posttrain.errors import PosttrainError
 from posttrain.models.loading import quiet_progress_bars
 from posttrain.rollout.projections import is_peft_model
+from posttrain.run.checkpoint_checks import (  # CheckpointError re-exported: raised by both modules
+    NO_FIELDS,
+    CheckpointError,
+    StateFields,
+    check_state,
+    check_tensor_file,
+    checkpoint_step,
+    file_inside,
+    read_manifest,
+)
 from posttrain.run.plain_state import PlainStateError, load_plain_state, save_plain_state
 
 MARKER = "COMPLETE"
 STATE_STEM = "training_state"
 LEGACY_STATE_FILE = "training_state.pt"  # a pickle, written before b5492cf's successor
 STEP_DIR = re.compile(r"^step-(\d+)$")
-
-
-class CheckpointError(PosttrainError, RuntimeError):
-    """A checkpoint that cannot be used; the message names the folder or file and why."""
 
 
 @dataclass(frozen=True)
@@ -164,8 +169,10 @@ def _clear_stale_staging(root: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def verify_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Check the manifest against the files; return it, or raise naming the first problem."""
+def verify_checkpoint(path: str | Path, fields: StateFields = NO_FIELDS) -> dict[str, Any]:
+    """Check the manifest against the files, and what a resume reads against what a save writes
+    (``checkpoint_checks.py``; ``fields``: the loop's own state fields and their types); return the
+    manifest, or raise naming the first problem."""
     path = Path(path)
     marker = path / MARKER
     if not path.is_dir():
@@ -180,13 +187,10 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
                 f"--resume auto with output_dir={path}"
             )
         raise CheckpointError(f"{path} is not a complete checkpoint: {MARKER} is missing (the save was interrupted)")
-    try:
-        manifest = json.loads(marker.read_text(encoding="utf-8"))
-        files = manifest["files"]
-    except (ValueError, KeyError) as error:
-        raise CheckpointError(f"{marker} is unreadable ({error}); the checkpoint cannot be trusted") from None
-    for name, expected in files.items():
-        file = path / name
+    manifest = read_manifest(marker)
+    step = checkpoint_step(path, manifest, marker)
+    for name, expected in manifest["files"].items():
+        file = file_inside(path, name, marker)
         if not file.is_file():
             raise CheckpointError(f"checkpoint file {file} is missing")
         if file.stat().st_size != expected["size"]:
@@ -195,24 +199,38 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
             )
         if _sha256(file) != expected["sha256"]:
             raise CheckpointError(f"checkpoint file {file} does not match its checksum (corrupted)")
+        if file.suffix == ".safetensors":
+            check_tensor_file(file)
+    state = path / f"{STATE_STEM}.json"
+    if state.is_file():  # the written form (a legacy pickle is checked once read: load_training_state)
+        try:
+            check_state(json.loads(state.read_text(encoding="utf-8")), str(state), step, fields)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise CheckpointError(f"{state} cannot be read: {error}") from None
     return manifest
 
 
-def load_training_state(path: str | Path, *, restore_rng: bool = True) -> dict[str, Any]:
-    """Verify the checkpoint and return its training state; restore the RNG states by default.
+def load_training_state(
+    path: str | Path, fields: StateFields = NO_FIELDS, *, restore_rng: bool = True
+) -> dict[str, Any]:
+    """Verify the checkpoint and return its training state, which holds ``fields`` (the loop's,
+    besides the step and RNG states every save writes); restore the RNG states by default.
 
     The model weights are loaded by the caller with ``from_pretrained(path)`` (it may need a
     dtype, a device map or LoRA), after this call has verified them.
     """
-    verify_checkpoint(path)
+    manifest = verify_checkpoint(path, fields)
     path = Path(path)
     if (path / LEGACY_STATE_FILE).is_file() and not (path / f"{STATE_STEM}.json").is_file():
         state = _load_legacy_state(path / LEGACY_STATE_FILE)
+        where = str(path / LEGACY_STATE_FILE)
     else:
         try:
             state = load_plain_state(path, STATE_STEM)
         except PlainStateError as error:
             raise CheckpointError(str(error)) from None
+        where = str(path / f"{STATE_STEM}.json")
+    check_state(state, where, checkpoint_step(path, manifest, path / MARKER), fields)  # tensors where mappings were
     if restore_rng:
         restore_rng_state(state["rng"])
     return state

@@ -33,6 +33,7 @@ import yaml
 from posttrain.config import load_yaml
 from posttrain.errors import PosttrainError
 from posttrain.run.checkpoint import STEP_DIR, CheckpointError, checkpoint_root, verify_checkpoint
+from posttrain.run.checkpoint_checks import NO_FIELDS, StateFields
 
 RUN_FILES = (
     "metrics.jsonl", "samples.jsonl", "checkpoints", "final", "report.html", "tensorboard", "wandb", "wandb_id",
@@ -86,12 +87,18 @@ def _finished_steps(metrics: Path) -> bool:
 
 
 def start_point(
-    output_dir: str | Path, resume: str, overwrite: bool, config_yaml: str | None, steps: int | None = None
+    output_dir: str | Path,
+    resume: str,
+    overwrite: bool,
+    config_yaml: str | None,
+    steps: int | None = None,
+    fields: StateFields = NO_FIELDS,
 ) -> StartPoint:
     """Decide where the run in ``output_dir`` starts; raise :class:`RunDirError` when it cannot, or
-    when the checkpoint is already past ``steps`` (nothing would run). Reads only: nothing is deleted
-    or written here (see :func:`prepare_run_dir`)."""
-    start = _start_point(Path(output_dir), resume, overwrite, config_yaml)
+    when the checkpoint is already past ``steps`` (nothing would run). A checkpoint is usable when it
+    verifies, its state holding the loop's ``fields``. Reads only: nothing is deleted or written
+    here (see :func:`prepare_run_dir`)."""
+    start = _start_point(Path(output_dir), resume, overwrite, config_yaml, fields)
     if steps is None or start.checkpoint is None:
         return start
     named = STEP_DIR.match(start.checkpoint.name)  # a path given to --resume may be named otherwise
@@ -106,7 +113,7 @@ def start_point(
     return start
 
 
-def _start_point(out: Path, resume: str, overwrite: bool, config_yaml: str | None) -> StartPoint:
+def _start_point(out: Path, resume: str, overwrite: bool, config_yaml: str | None, fields: StateFields) -> StartPoint:
     _check_writable(out)
     if resume == "none":
         found = existing_run(out)
@@ -119,10 +126,10 @@ def _start_point(out: Path, resume: str, overwrite: bool, config_yaml: str | Non
     if overwrite:
         raise RunDirError(f"overwrite=true deletes the run in {out}, resume={resume} continues it: choose one")
     if resume == "auto":
-        return _newest_usable(out, config_yaml)
+        return _newest_usable(out, config_yaml, fields)
     path = Path(resume)
     try:
-        verify_checkpoint(path)
+        verify_checkpoint(path, fields)
     except CheckpointError as error:
         raise RunDirError(f"resume={resume}: {error}") from None
     return StartPoint(path, _compare_configs(path, config_yaml))
@@ -144,11 +151,12 @@ def prepare_run_dir(
     overwrite: bool,
     config_yaml: str | None,
     echo: Callable[[str], None] = print,
+    fields: StateFields = NO_FIELDS,
 ) -> Path | None:
     """:func:`start_point`, then make the folder ready: an overwritten run's files are deleted,
     the notes are said and ``config.yaml`` written. Returns the checkpoint to resume from."""
     out = Path(output_dir)
-    start = start_point(out, resume, overwrite, config_yaml)
+    start = start_point(out, resume, overwrite, config_yaml, fields=fields)
     if resume == "none":  # a new run: the earlier one (asked to overwrite) or an aborted attempt's logs go
         replaced = existing_run(out)
         for name in RUN_FILES:
@@ -167,7 +175,7 @@ def prepare_run_dir(
     return start.checkpoint
 
 
-def _newest_usable(out: Path, config_yaml: str | None) -> StartPoint:
+def _newest_usable(out: Path, config_yaml: str | None, fields: StateFields) -> StartPoint:
     root = checkpoint_root(out)
     steps = []
     if root.is_dir():
@@ -178,7 +186,7 @@ def _newest_usable(out: Path, config_yaml: str | None) -> StartPoint:
     skipped: list[str] = []
     for _, path in sorted(steps, reverse=True):
         try:
-            verify_checkpoint(path)
+            verify_checkpoint(path, fields)
         except CheckpointError as error:
             skipped.append(f"skipped {path.name}: {error}")
             continue
@@ -200,9 +208,12 @@ def _compare_configs(checkpoint: Path, config_yaml: str | None) -> list[str]:
     if config_yaml is None or not saved_file.is_file():
         return []
     try:  # the checkpoint's file may come from anyone: read as configs are (an alias bomb is refused)
-        saved = _flatten(load_yaml(saved_file.read_text(encoding="utf-8")) or {})
+        saved = load_yaml(saved_file.read_text(encoding="utf-8")) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as error:
         raise CheckpointError(f"{saved_file} cannot be read: {error}") from None
+    if not isinstance(saved, Mapping):
+        raise CheckpointError(f"{saved_file} holds a {type(saved).__name__}, not a config's mapping of keys")
+    saved = _flatten(saved)
     new = _flatten(load_yaml(config_yaml) or {})
     # keys in one config only are options a newer or older posttrain added: not a change the user made
     changed = sorted(

@@ -18,6 +18,7 @@ from torch import nn
 from posttrain.distributed import world
 from posttrain.rollout.batch import RolloutBatch
 from posttrain.run.checkpoint import quiet_progress_bars, save_final
+from posttrain.run.checkpoint_checks import NO_FIELDS, StateFields
 from posttrain.run.run_dir import prepare_run_dir
 from posttrain.telemetry import MetricsLogger, Progress, write_failure_report, write_report
 from posttrain.telemetry.report import conversation_text
@@ -48,12 +49,17 @@ class Silent:
 
 
 def ready_run_dir(
-    out: Path, resume: str, overwrite: bool, config_yaml: str | None, echo: Callable[[str], None] = print
+    out: Path,
+    resume: str,
+    overwrite: bool,
+    config_yaml: str | None,
+    echo: Callable[[str], None] = print,
+    fields: StateFields = NO_FIELDS,
 ) -> Path | None:
-    """Rank 0 makes the run folder ready (``run_dir.prepare_run_dir``); every rank gets the
-    checkpoint to resume from (None for a fresh start)."""
+    """Rank 0 makes the run folder ready (``run_dir.prepare_run_dir``; ``fields``: what the loop's
+    checkpoints hold); every rank gets the checkpoint to resume from (None for a fresh start)."""
     ranks = world()
-    ready = prepare_run_dir(out, resume, overwrite, config_yaml, echo) if ranks.is_main else None
+    ready = prepare_run_dir(out, resume, overwrite, config_yaml, echo, fields) if ranks.is_main else None
     return ranks.from_main(ready)
 
 

@@ -40,6 +40,9 @@ from posttrain.train.micro_batches import example_cost, offline_passes, split_ev
 from posttrain.train.schedule import lr_multiplier
 from posttrain.view.rollout_view import write_recorded_view
 
+# what the offline loop's checkpoint state holds besides the step and RNG states (checked on resume)
+OFFLINE_STATE_FIELDS = {"optimizer": dict, "scheduler": dict, "sampler": dict}
+
 
 class LoopConfig(RunOptions, OptimizerOptions):
     """Options of the offline loop shared by ``sft``, ``rm`` and ``dpo``: the options every
@@ -119,7 +122,7 @@ def train_offline(
     :data:`StepHook`; ``show_progress=False`` leaves the console to a caller printing its own lines."""
     out = Path(config.output_dir)
     # rank 0 prepares the run folder (run_outputs.py); every rank resumes from what it found
-    resume_from = ready_run_dir(out, config.resume, config.overwrite, config_yaml)
+    resume_from = ready_run_dir(out, config.resume, config.overwrite, config_yaml, fields=OFFLINE_STATE_FIELDS)
     model = objective.model
     parts = _Parts.build(model, len(examples), config)
     start_step = _maybe_resume(config, resume_from, model, parts)
@@ -338,7 +341,7 @@ def _maybe_resume(config: LoopConfig, path: Path | None, model: nn.Module, parts
         torch.manual_seed(config.seed)
         return 0
     load_weights_into(model, path)
-    state = load_training_state(path)
+    state = load_training_state(path, OFFLINE_STATE_FIELDS)
     world().load_optimizer_state(model, parts.optimizer, state["optimizer"])
     parts.scheduler.load_state_dict(state["scheduler"])
     parts.sampler.load_state_dict(state["sampler"])

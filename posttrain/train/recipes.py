@@ -32,7 +32,7 @@ from posttrain.models.section import (  # re-exported, as above
     with_lora,
 )
 from posttrain.run.run_outputs import held_out_records
-from posttrain.train.offline import LoopConfig, held_out_metrics, train_offline
+from posttrain.train.offline import OFFLINE_STATE_FIELDS, LoopConfig, held_out_metrics, train_offline
 
 __all__ = [
     "DPORun",
@@ -135,7 +135,8 @@ def check_run_dir(config: LoopConfig) -> None:
     from posttrain.telemetry.metrics import check_report_to
 
     if world().is_main:
-        start_point(config.output_dir, config.resume, config.overwrite, dump_config(config), config.steps)
+        config_yaml = dump_config(config)
+        start_point(config.output_dir, config.resume, config.overwrite, config_yaml, config.steps, OFFLINE_STATE_FIELDS)
     check_report_to(config.report_to)
 
 

@@ -63,7 +63,7 @@ from posttrain.run.run_outputs import (
 )
 from posttrain.run.stopping import StopOnSignal
 from posttrain.sources import RolloutSource
-from posttrain.train.rl_checkpoint import resume_rl, save_rl_checkpoint
+from posttrain.train.rl_checkpoint import resume_rl, rl_state_fields, save_rl_checkpoint
 from posttrain.train.rl_checks import StepWarnings, check_before_loading, preflight_rewards
 from posttrain.train.rl_config import RLRun
 from posttrain.train.rl_prepare import (
@@ -226,7 +226,9 @@ class OnlineRL:
         """Train for ``config.steps`` steps (resuming if asked); returns per-step metrics."""
         config = self.config
         config_yaml = dump_config(config)
-        start = resume_rl(self, ready_run_dir(self.out, config.resume, config.overwrite, config_yaml, self.echo))
+        fields = rl_state_fields(config)  # what its checkpoints hold: checked before the folder is touched
+        checkpoint = ready_run_dir(self.out, config.resume, config.overwrite, config_yaml, self.echo, fields)
+        start = resume_rl(self, checkpoint)
         if self.data_filter is not None:  # written once the folder is ready (a new run's is emptied)
             on_main(lambda: self.data_filter.save(self.out))
         history: list[dict[str, float]] = []

@@ -13,7 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.run.checkpoint import load_training_state, load_weights_into, save_checkpoint, weights_to_save
+from posttrain.run.checkpoint_checks import StateFields
 from posttrain.run.run_outputs import on_main
+
+
+def rl_state_fields(config: Any) -> StateFields:
+    """What an RL checkpoint's state holds besides the step and RNG states, each of its type: checked
+    before a resume touches anything (``run/checkpoint_checks.py``)."""
+    fields: dict[str, type | tuple[type, ...]] = {"optimizer": dict, "scheduler": dict, "kl_coef": (int, float)}
+    if config.algorithm.critic is not None:
+        fields.update(critic=dict, critic_optimizer=dict)
+    return fields
 
 
 def save_rl_checkpoint(loop: Any, step: int, config_yaml: str | None = None) -> None:
@@ -52,7 +62,7 @@ def resume_rl(loop: Any, path: Path | None) -> int:
     if path is None:
         return 0
     load_weights_into(loop.policy, path)
-    state = load_training_state(path)
+    state = load_training_state(path, rl_state_fields(loop.config))
     loop.ranks.load_optimizer_state(loop.policy, loop.optimizer, state["optimizer"])
     loop.scheduler.load_state_dict(state["scheduler"])
     loop.kl_controller.value = float(state["kl_coef"])

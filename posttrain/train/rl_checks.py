@@ -25,6 +25,7 @@ from posttrain.models.section import check_model_source, vocab_size
 from posttrain.run.run_dir import start_point
 from posttrain.sources.recorded import check_replay_folder, run_shape
 from posttrain.telemetry.metrics import check_report_to
+from posttrain.train.rl_checkpoint import rl_state_fields
 from posttrain.train.rl_config import RLRun
 from posttrain.train.rl_sources import check_placement
 
@@ -154,7 +155,8 @@ def check_settings(config: RLRun, *, model_given: bool = False) -> None:
     memory plan makes them too before it reads the data, so a run's first error is the same with or
     without it): the run folder and resume point, the metric sinks, the model folder, a recording
     to replay, the environment."""
-    start_point(config.output_dir, config.resume, config.overwrite, dump_config(config), config.steps)
+    fields = rl_state_fields(config)
+    start_point(config.output_dir, config.resume, config.overwrite, dump_config(config), config.steps, fields)
     check_report_to(config.report_to)
     if not model_given:
         check_model_source(config.model)
