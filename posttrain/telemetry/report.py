@@ -154,7 +154,36 @@ def read_alarm(run_dir: Path) -> dict[str, Any] | None:
         record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
     except (OSError, json.JSONDecodeError):
         return None
-    return record if isinstance(record, dict) and isinstance(record.get("monitor"), dict) else None
+    return record if _is_alarm(record) else None
+
+
+def _is_alarm(record: Any) -> bool:
+    """Whether ``record`` has the shape the alarm writes (``hacking_alarm.py``): a run folder is
+    anyone's, and the report and the viewer format these values as numbers and step ranges."""
+
+    def numbers(part: Any, *keys: str) -> bool:
+        return isinstance(part, dict) and all(_is_number(part.get(key)) for key in keys)
+
+    def step_range(value: Any) -> bool:
+        return isinstance(value, list) and len(value) == 2 and all(_is_number(v) for v in value)
+
+    if not isinstance(record, dict) or not _is_number(record.get("step")):
+        return False
+    monitor, steps, samples = record.get("monitor"), record.get("steps"), record.get("samples", [])
+    return (
+        numbers(monitor, "before", "after")
+        and isinstance(monitor.get("name"), str)
+        and numbers(record.get("optimised"), "before", "after")
+        and isinstance(steps, dict)
+        and step_range(steps.get("before"))
+        and step_range(steps.get("after"))
+        and isinstance(samples, list)
+        and all(isinstance(sample, dict) for sample in samples)
+    )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _alarm(run_dir: Path) -> str:

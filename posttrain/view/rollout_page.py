@@ -32,6 +32,12 @@ SCRIPT = r"""
 const DATA = JSON.parse(document.getElementById('data').textContent);
 const $ = id => document.getElementById(id);
 let page = 0;
+function el(tag, cls, text) {
+  const node = document.createElement(tag);
+  if (cls) node.className = cls;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
 function value(t, q) {
   if (!t.sampled) return null;
   if (q === 'logprob') return t.logprob;
@@ -68,12 +74,15 @@ function card(s, q, range) {
   const alarmed = DATA.alarm && s.step >= DATA.alarm.steps.after[0] && s.step <= DATA.alarm.steps.after[1];
   div.className = 'card' + (s.error ? ' error' : '') + (alarmed ? ' alarmed' : '');
   div.dataset.step = s.step; div.dataset.reward = s.reward;
+  // every value comes from a run folder, anyone's: it goes on the page as text, never as markup
   const parts = s.components.map((c, i) => `${DATA.components[i] || 'reward ' + i} ${c}`).join(', ');
-  div.innerHTML = `<div class="head"><b>step ${s.step}</b><b>group ${s.group}</b>reward <b class="reward">${
-    s.error ? 'none (error)' : s.reward}</b>${parts ? '(' + parts + ') ' : ''}· advantage ${s.advantage ?? '–'} ·
-    ${s.length} tokens · ${s.finish}</div><details><summary>prompt</summary><div class="prompt"></div></details>
-    <div class="tokens"></div>`;
-  div.querySelector('.prompt').textContent = s.prompt;
+  const head = el('div', 'head');
+  head.append(el('b', '', `step ${s.step}`), el('b', '', `group ${s.group}`), 'reward ',
+    el('b', 'reward', s.error ? 'none (error)' : String(s.reward)),
+    `${parts ? '(' + parts + ') ' : ''}· advantage ${s.advantage ?? '–'} · ${s.length} tokens · ${s.finish}`);
+  const details = el('details');
+  details.append(el('summary', '', 'prompt'), el('div', 'prompt', s.prompt));
+  div.append(head, details, el('div', 'tokens'));
   const box = div.querySelector('.tokens');
   let env = null, turn = 0, inTurn = false;
   const calls = t => { const list = document.createElement('ul'); list.className = 'calls';
@@ -151,8 +160,10 @@ CONTROLS = """
 
 
 def render_page(data: dict[str, Any]) -> str:
-    """The whole page: ``data`` embedded as JSON (``</`` escaped so no value can end the script)."""
-    payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    """The whole page: ``data`` embedded as JSON with ``<``, ``>`` and ``&`` written as escapes, so no
+    value can end the script or open a comment that swallows it (``<!--<script>``)."""
+    payload = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    payload = payload.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     title = f"rollouts: {data.get('run', '')}"
     steps = data.get("steps", [])
     note = (f"{len(steps)} of {data.get('recorded_steps', len(steps))} recorded steps on this page"

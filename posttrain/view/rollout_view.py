@@ -38,6 +38,10 @@ def write_view(run_dir: str | Path, output: str | Path | None = None) -> Path:
     """Write the page over ``run_dir``'s recorded rollouts (default ``run_dir/rollouts.html``)."""
     run_dir = Path(run_dir)
     path = Path(output) if output is not None else run_dir / VIEW_FILE
+    if not path.parent.is_dir():
+        raise ViewError(f"--output {path}: the folder {path.parent} does not exist; create it or choose another path")
+    if path.is_dir():
+        raise ViewError(f"--output {path} is a folder: name the page's file, e.g. {path / VIEW_FILE}")
     path.write_text(render_page(view_data(run_dir)), encoding="utf-8")
     return path
 
@@ -143,8 +147,8 @@ def _sample(
 def _prepared_rows(tensors: dict | None) -> dict[tuple, list[dict[str, list]]]:
     """The prepared batch's per-token values by (group, response tokens): preparation may drop
     samples (no reward), so its rows are matched to the recorded ones by what they hold."""
-    if not tensors:
-        return {}
+    if not tensors or not _prepared_fields_fit(tensors):
+        return {}  # a damaged annotation only costs the view its advantages
     rows: dict[tuple, list[dict[str, list]]] = {}
     mask = tensors["response_mask"]
     for j in range(mask.shape[0]):
@@ -159,6 +163,21 @@ def _prepared_rows(tensors: dict | None) -> dict[tuple, list[dict[str, list]]]:
             values["trained"] = [bool(v) for v in tensors["loss_mask"][j, :width].tolist()]
         rows.setdefault(key, []).append(values)
     return rows
+
+
+def _prepared_fields_fit(tensors: dict) -> bool:
+    """The prepared file holds the fields its rows are matched by, each [B] or [B, T] alike."""
+    need = ("response_mask", "group_ids", "response_ids")
+    if not all(name in tensors for name in need):
+        return False
+    mask = tensors["response_mask"]
+    names = ("response_ids", "advantages", "old_logprobs", "loss_mask")
+    per_token = [tensors[name] for name in names if name in tensors]
+    return (
+        mask.dim() == 2
+        and tensors["group_ids"].shape == mask.shape[:1]
+        and all(tensor.shape == mask.shape for tensor in per_token)
+    )
 
 
 def _finite(value: float) -> float | None:
@@ -208,7 +227,8 @@ def _tokenizer(run_dir: Path, config: dict[str, Any]) -> Any:
     from posttrain.models.loading import load_tokenizer
 
     checkpoints = sorted((run_dir / "checkpoints").glob("step-*"), key=lambda p: p.name, reverse=True)
-    model_path = (config.get("model") or {}).get("path")
+    model = config.get("model")
+    model_path = model.get("path") if isinstance(model, dict) and isinstance(model.get("path"), str) else None
     for folder in [run_dir / "final", *checkpoints, *([Path(model_path)] if model_path else [])]:
         if (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file():
             try:
@@ -223,9 +243,10 @@ def _tool_formats(config: dict[str, Any]) -> list[Any]:
     without an environment (a completion calls no tool)."""
     from posttrain.envs.tool_formats import TOOL_FORMATS, resolve_format
 
-    if not config.get("env"):
+    env = config.get("env")
+    if not isinstance(env, dict):
         return []
-    options = config["env"].get("options") or {}
+    options = env.get("options") or {}
     named = options.get("format") if isinstance(options, dict) else None
     names = [named] if isinstance(named, str) and named in TOOL_FORMATS else list(TOOL_FORMATS)
     return [resolve_format(name) for name in names]
@@ -233,8 +254,9 @@ def _tool_formats(config: dict[str, Any]) -> list[Any]:
 
 def _reward_names(config: dict[str, Any]) -> list[str]:
     """The reward functions' names, in the order of the recorded components."""
-    names = []
-    for entry in config.get("rewards") or []:
+    names: list[str] = []
+    rewards = config.get("rewards")
+    for entry in rewards if isinstance(rewards, list) else []:
         if isinstance(entry, dict):
             entry = entry.get("name") or entry.get("function") or "reward"
         names.append(str(entry).split(":")[-1].split(".")[-1])
