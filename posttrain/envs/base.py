@@ -288,12 +288,12 @@ async def _run(fn: Callable[..., Any], arg: Any) -> Any:
     try:
         if inspect.iscoroutinefunction(fn):
             return await fn(arg)
-        return await _in_thread(fn, arg)
+        return await in_daemon_thread(fn, arg)
     except Exception as error:
         raise _Raised(error) from error
 
 
-async def _in_thread(fn: Callable[..., Any], arg: Any) -> Any:
+async def in_daemon_thread(fn: Callable[..., Any], arg: Any) -> Any:
     """``fn(arg)`` in a daemon thread (awaiting its result on a private loop if it is a
     coroutine). Not the loop's executor: its threads are joined at interpreter exit, so one
     hung environment would hang the trainer's exit."""

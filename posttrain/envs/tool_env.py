@@ -8,7 +8,8 @@ template is written for):
 
 * no call: the turn is the final answer and the episode ends; ``rewards=`` functions score the
   conversation with the row's columns;
-* calls: each runs with a timeout (``async def`` tools awaited, others in a thread), several in
+* calls: each runs with a timeout (``async def`` tools awaited, others in a daemon thread of their
+  own: a tool that never returns keeps its thread, not the trainer's exit nor later calls), several in
   one turn at once; their results come back in call order as the template's tool messages, cut
   to ``max_result_chars`` (and marked so); more than ``max_calls_per_turn`` are answered with an
   error, as are an unknown tool, arguments that do not fit its signature, and a tool that raises;
@@ -28,16 +29,24 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import threading
 import typing
 from collections.abc import Callable
 from typing import Any
 
-from posttrain.envs.base import EnvSpecError, Observation, register_environment
+from posttrain.envs.base import EnvSpecError, Observation, in_daemon_thread, register_environment
 from posttrain.envs.python_tool import ToolSandboxError
 from posttrain.envs.tool_formats import ParsedTurn, ToolCall, resolve_format
 from posttrain.user_code import import_named
 
 TOOLS_OFF_REPLY = "error: the tools are off in this conversation; answer without them"
+
+# Sync tools run in a daemon thread each (envs/base.py in_daemon_thread), never in a thread pool: a
+# pool's workers are joined at exit, so one tool that never returns hung the trainer after `done`,
+# and a few such tools held every worker, timing out each later call. A thread that never returns
+# is kept; at most SYNC_CALLS_AT_ONCE are, then calls are answered with an error instead.
+SYNC_CALLS_AT_ONCE = 64
+_sync_calls = threading.BoundedSemaphore(SYNC_CALLS_AT_ONCE)
 JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
 
 
@@ -209,8 +218,14 @@ class ToolsEnvironment:
         try:
             if inspect.iscoroutinefunction(function):
                 result = await asyncio.wait_for(function(**arguments), self.timeout_s)
+            elif not _sync_calls.acquire(blocking=False):
+                self.counts["errors"] += 1
+                return f"error: {call.name} was not run: {SYNC_CALLS_AT_ONCE} tool calls are still running"
             else:
-                result = await asyncio.wait_for(asyncio.to_thread(function, **arguments), self.timeout_s)
+                result = await asyncio.wait_for(in_daemon_thread(_released_after(function), arguments), self.timeout_s)
+        except ToolExited as exit:  # the tool's own way out, not the run's
+            self.counts["errors"] += 1
+            return f"error: {call.name} called sys.exit({exit.code!r})"
         except asyncio.TimeoutError:
             self.counts["errors"] += 1
             return f"error: {call.name} did not answer within {self.timeout_s:g} s"
@@ -234,3 +249,25 @@ class ToolsEnvironment:
             if call.id:
                 message["tool_call_id"] = call.id
         return message
+
+
+class ToolExited(Exception):
+    """A sync tool called ``sys.exit``: answered to the model as the tool's error."""
+
+    def __init__(self, code: Any) -> None:
+        super().__init__(f"sys.exit({code!r})")
+        self.code = code
+
+
+def _released_after(function: Callable[..., Any]) -> Callable[[dict[str, Any]], Any]:
+    """``function(**arguments)``, giving its place among the sync calls back when it returns."""
+
+    def call(arguments: dict[str, Any]) -> Any:
+        try:
+            return function(**arguments)
+        except SystemExit as exit:  # would end the event loop it is handed to, and so the run
+            raise ToolExited(exit.code) from None
+        finally:
+            _sync_calls.release()
+
+    return call

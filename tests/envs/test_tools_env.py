@@ -45,9 +45,9 @@ def remember(item: str, state) -> list:
     return state["items"]
 
 
-def tools_env(*names: str, **options):
+def tools_env(*names: str, module: str = HERE, **options):
     return resolve_environment(
-        "tools", {"tools": [f"{HERE}:{name}" for name in names], "format": "hermes", **options}
+        "tools", {"tools": [f"{module}:{name}" for name in names], "format": "hermes", **options}
     )()
 
 
