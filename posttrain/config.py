@@ -75,21 +75,27 @@ def load_yaml(text: str) -> Any:
     checks after parsing would walk until memory ran out."""
     loader = YamlLoader(text)  # a SafeLoader subclass: no arbitrary objects
     try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        expanded = _expanded_size(node, {}, set())
-        if expanded > MAX_YAML_VALUES:
-            raise yaml.constructor.ConstructorError(
-                None,
-                None,
-                f"the document expands to more than {MAX_YAML_VALUES:,} values through its aliases (*name); "
-                "a config is never that large, so it is not read",
-                node.start_mark,
-            )
-        return loader.construct_document(node)
+        return _load_node(loader)
+    except RecursionError:  # PyYAML composes and builds nested values recursively: 20,000 levels
+        raise yaml.YAMLError("the document nests values thousands of levels deep; a config never does") from None
     finally:
         loader.dispose()
+
+
+def _load_node(loader: yaml.SafeLoader) -> Any:
+    node = loader.get_single_node()
+    if node is None:
+        return None
+    expanded = _expanded_size(node, {}, set())
+    if expanded > MAX_YAML_VALUES:
+        raise yaml.constructor.ConstructorError(
+            None,
+            None,
+            f"the document expands to more than {MAX_YAML_VALUES:,} values through its aliases (*name); "
+            "a config is never that large, so it is not read",
+            node.start_mark,
+        )
+    return loader.construct_document(node)
 
 
 def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_nodes: set[int]) -> int:
@@ -148,7 +154,8 @@ def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
         try:
             value = load_yaml(raw) if raw.strip() else None
         except yaml.YAMLError as error:
-            raise ConfigError(f"override {item!r}: the value is not valid YAML ({error.problem})") from None
+            problem = getattr(error, "problem", None) or error
+            raise ConfigError(f"override {_shown(item)}: the value is not valid YAML ({problem})") from None
         node = tree
         parts = key.strip().split(".")
         for part in parts[:-1]:
@@ -158,6 +165,11 @@ def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
             node = child
         node[parts[-1]] = value
     return tree
+
+
+def _shown(item: str, limit: int = 120) -> str:
+    """An override as a message quotes it: the start of a huge one."""
+    return repr(item) if len(item) <= limit else f"{item[:limit]!r}… ({len(item):,} characters)"
 
 
 def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from typing import Literal
 import pytest
 from pydantic import Field
 
+from posttrain.cli import main
 from posttrain.config import ConfigError, Section, describe, dump_config, load_config, parse_overrides
 
 
@@ -170,6 +171,25 @@ def test_an_alias_bomb_is_refused_within_2_seconds_and_200_mb(tmp_path):
     finally:
         tracemalloc.stop()
     assert elapsed < 2.0 and peak < 200e6
+
+
+DEEP = {
+    "flow": "data:\n  task_options: " + "[" * 20_000 + "]" * 20_000 + "\n",
+    "block": "data:\n" + "".join(" " * (2 + level) + f"k{level}:\n" for level in range(5_000)),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(DEEP))
+def test_a_config_nested_thousands_deep_is_one_message(tmp_path, capsys, shape):
+    """Hardening 3, item 9: PyYAML's recursion ran out of stack (a RecursionError traceback)."""
+    file = tmp_path / "deep.yaml"
+    file.write_text(DEEP[shape])
+    assert main(["rl", "--config", str(file)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "deep.yaml" in err and "nests values thousands of levels deep" in err
+    assert main(["rl", "data.task_options=" + "[" * 20_000]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "20,018 characters" in err and len(err) < 600
 
 
 def test_anchors_and_merge_keys_of_a_normal_config_still_load(tmp_path):
