@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from posttrain.devices import resolve_device
-from posttrain.plan.memory_model import plan_lines
+from posttrain.plan.memory_model import ShapeUnknown, plan_lines
 from posttrain.plan.micro_batch_budget import budget_line, resolve_budget
 from posttrain.plan.plan import check_fits, device_memory, make_plan, plan_inputs
 from posttrain.run.out_of_memory import REMEDIES
@@ -19,7 +19,15 @@ def announce_plan(command: str, config: Any, *, echo: bool = True) -> Any:
     where = resolve_device(config.device)
     _check_before_data(command, config)
     device, available = device_memory(where, config.memory_gib)
-    inputs = plan_inputs(command, config)
+    try:
+        inputs = plan_inputs(command, config)
+    except ShapeUnknown as error:  # an architecture the formulas do not know: the run goes on unplanned
+        if echo:
+            print(
+                f"[{command}] memory plan: not made, as model {config.model.path} cannot be sized ({error}); "
+                "micro_batch_size or micro_batch_tokens bound the passes"
+            )
+        return config
     config, origin = resolve_budget(inputs, config, available, where.type == "cpu")
     plan = make_plan(inputs, config)
     if echo:

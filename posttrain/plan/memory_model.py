@@ -38,6 +38,13 @@ SAVED_PER_HIDDEN, SAVED_PER_INTERMEDIATE = 12, 4  # activations kept per token a
 TRANSIENT_PER_HIDDEN, TRANSIENT_PER_INTERMEDIATE = 6, 3  # one layer's temporaries without autograd
 
 
+REQUIRED_SIZES = ("vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers")
+
+
+class ShapeUnknown(ValueError):
+    """A model config the plan cannot read its sizes from; the message says which are missing."""
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """The sizes of a llama-like decoder that memory depends on."""
@@ -54,20 +61,32 @@ class ModelShape:
     plain_head: bool = True  # logits exactly head(hidden): RL passes run the head chunk by chunk
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> ModelShape:
-        """From a Hugging Face ``config.json``'s keys (llama, qwen2, mistral, ... names)."""
-        hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+    def from_config(cls, config: Any) -> ModelShape:
+        """From a transformers config (its attributes, so every family's names: GPT-2's ``n_embd`` is
+        its ``hidden_size``) or a ``config.json``'s keys (llama, qwen2, mistral, ... names). A config
+        without the sizes every decoder has is :class:`ShapeUnknown`, naming the missing one."""
+        if isinstance(config, Mapping):
+            get = config.get
+        else:
+
+            def get(key: str, default: Any = None) -> Any:
+                return getattr(config, key, default)
+
+        missing = [key for key in REQUIRED_SIZES if not isinstance(get(key), int) or isinstance(get(key), bool)]
+        if missing:
+            raise ShapeUnknown(f"its config has no whole-number {', '.join(missing)}")
+        hidden, heads = get("hidden_size"), get("num_attention_heads")
         return cls(
-            vocab=int(config["vocab_size"]),
+            vocab=get("vocab_size"),
             hidden=hidden,
-            layers=int(config["num_hidden_layers"]),
+            layers=get("num_hidden_layers"),
             heads=heads,
-            kv_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or hidden // heads),
-            intermediate=int(config.get("intermediate_size") or 4 * hidden),
-            tied=bool(config.get("tie_word_embeddings", False)),
-            qkv_bias=bool(config.get("attention_bias", False)) or config.get("model_type") == "qwen2",
-            plain_head=all(config.get(key) in (None, 1, 1.0) for key in LOGIT_TRANSFORMS),
+            kv_heads=int(get("num_key_value_heads") or heads),
+            head_dim=int(get("head_dim") or hidden // heads),
+            intermediate=int(get("intermediate_size") or 4 * hidden),
+            tied=bool(get("tie_word_embeddings", False)),
+            qkv_bias=bool(get("attention_bias", False)) or get("model_type") == "qwen2",
+            plain_head=all(get(key) in (None, 1, 1.0) for key in LOGIT_TRANSFORMS),
         )
 
     def linear_layers(self) -> list[tuple[int, int]]:

@@ -10,18 +10,16 @@ with the machine's memory; on a GPU it is compared with the card's.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from posttrain.errors import PosttrainError
-from posttrain.plan.memory_model import DTYPE_BYTES, MemoryPlan, ModelShape, Phase, human, logits_bytes
+from posttrain.plan.memory_model import DTYPE_BYTES, MemoryPlan, ModelShape, Phase, ShapeUnknown, human, logits_bytes
 from posttrain.rollout.products import packs_pay
 
 LENGTH_SAMPLE = 2000  # rows whose lengths are measured (all of them when fewer)
@@ -36,7 +34,7 @@ def model_shape(section: Any) -> ModelShape:
     if section.path is not None:  # a folder, or a Hub id found in the cache (models/loading.py)
         from posttrain.models.loading import read_config
 
-        return ModelShape.from_config(read_config(section.path).to_dict())
+        return ModelShape.from_config(read_config(section.path))
     from posttrain.models.tokenizers import build_char_tokenizer
 
     spec = section.tiny
@@ -107,12 +105,16 @@ def _example_length(tokenizer: Any, row: dict) -> int:
 
 
 def _reward_model_shapes(rewards: Sequence[Any]) -> list[ModelShape]:
+    """The reward models' shapes; one whose folder cannot be read is the run's own error, later."""
+    from posttrain.models.loading import read_config
+
     shapes = []
     for spec in rewards:
-        if isinstance(spec, dict) and spec.get("name") == "reward_model" and spec.get("path"):
-            config = Path(spec["path"]) / "config.json"
-            if config.is_file():
-                shapes.append(ModelShape.from_config(json.loads(config.read_text())))
+        if isinstance(spec, dict) and spec.get("name") == "reward_model" and isinstance(spec.get("path"), str):
+            try:
+                shapes.append(ModelShape.from_config(read_config(spec["path"])))
+            except (PosttrainError, ShapeUnknown):
+                continue
     return shapes
 
 
@@ -214,7 +216,7 @@ def _critic_shape(config: Any, policy: ModelShape) -> ModelShape | None:
         return policy
     from posttrain.models.loading import read_config
 
-    return ModelShape.from_config(read_config(critic.init_from).to_dict())
+    return ModelShape.from_config(read_config(critic.init_from))
 
 
 def micro_rows(config: Any, minibatch: int, length: int) -> int:

@@ -182,3 +182,39 @@ def test_a_run_that_cannot_fit_is_refused_before_anything_loads(tmp_path, capsys
     assert "at its peak (the generation)" in error and "prompts_per_step" in error
     assert "Traceback" not in error
     assert not out.exists()
+
+
+def other_families():
+    """GPT-2's and Bloom's configs name their sizes otherwise (n_embd, n_head, n_layer)."""
+    from transformers import BloomConfig, GPT2Config
+
+    vocab = len(TOKENIZER)
+    return {
+        "gpt2": GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=vocab, n_positions=256),
+        "bloom": BloomConfig(n_layer=2, hidden_size=32, n_head=4, vocab_size=vocab),
+    }
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bloom"])
+def test_a_model_of_another_family_is_sized_through_its_config(tmp_path, capsys, family):
+    """Hardening 3, item 11: the plan read config.json's raw keys, so every GPT-2- or Bloom-family
+    model stopped before training with KeyError: 'hidden_size'."""
+    from transformers import AutoModelForCausalLM
+
+    config = other_families()[family]
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / family)
+    TOKENIZER.save_pretrained(tmp_path / family)
+    shape = ModelShape.from_config(config)
+    assert (shape.vocab, shape.hidden, shape.layers, shape.heads, shape.kv_heads) == (len(TOKENIZER), 32, 2, 4, 4)
+    args = ["sft", f"model.path={tmp_path / family}", "data.task=reverse", "data.n_train=32", "data.n_eval=9"]
+    assert main([*args, "batch_size=4", f"output_dir={tmp_path / 'run'}", "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert "[sft] memory plan (estimated from the shapes):" in out and "peak" in out
+
+
+@pytest.mark.parametrize("config", [{}, {"hidden_size": 32, "vocab_size": 9, "num_hidden_layers": "2"}])
+def test_a_config_without_a_decoders_sizes_is_named_not_a_crash(config):
+    from posttrain.plan.memory_model import ShapeUnknown
+
+    with pytest.raises(ShapeUnknown, match="num_attention_heads"):
+        ModelShape.from_config(config)
