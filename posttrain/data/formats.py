@@ -190,6 +190,8 @@ def check_row(row: Mapping[str, Any], data_format: str, prompt_column: str = "pr
     if data_format == "prompt" and _blank(row[columns["prompt"]]):
         # RL samples a completion of it: an empty prompt conditions on nothing but BOS
         return Problem(columns["prompt"], "empty {field}", "empty prompt; RL needs a prompt to sample a completion of")
+    if data_format == "conversational":
+        return _conversation_problem(row)
     return _pair_problem(row, data_format, columns)
 
 
@@ -244,6 +246,38 @@ def _messages_problem(name: str, column: str, messages: list[Any]) -> Problem | 
         if not last["content"].strip():
             return Problem(column, "empty {field}", "the assistant's message is empty")
     return None
+
+
+def _conversation_problem(row: Mapping[str, Any]) -> Problem | None:
+    """A conversation trains its assistant turns, each answering what came before it: it opens with
+    the user (or a system message), two assistant turns never follow each other, and ``tools``
+    (when given) is a list of the function schemas a chat template lists."""
+    roles = [message["role"] for message in row["messages"]]
+    opening = next((role for role in roles if role != "system"), None)
+    if opening == "assistant":
+        detail = "the conversation opens with the assistant's turn; it starts with the user's (after a system message)"
+        return Problem("messages", "conversation opened by the assistant in {field}", detail)
+    twice = next((i for i in range(1, len(roles)) if roles[i] == roles[i - 1] == "assistant"), None)
+    if twice is not None:
+        detail = f"messages {twice - 1} and {twice} are both the assistant's; merge them, or put the turn between"
+        return Problem("messages", "two assistant turns in a row in {field}", detail)
+    tools = row.get("tools")
+    if tools is None:
+        return None
+    schema = "{type: function, function: {name, description, parameters}}"
+    if not isinstance(tools, list):
+        return Problem("tools", "malformed {field}", f"{_short(tools)} is not a list of schemas, each {schema}")
+    for index, tool in enumerate(tools):
+        if not _is_tool_schema(tool):
+            detail = f"entry {index} is {_short(tool)}, not a function schema {schema}"
+            return Problem("tools", "malformed {field}", detail)
+    return None
+
+
+def _is_tool_schema(tool: Any) -> bool:
+    """A function schema as chat templates read it (TRL's and transformers' form), or its inner part."""
+    function = tool.get("function", tool) if isinstance(tool, Mapping) else None
+    return isinstance(function, Mapping) and isinstance(function.get("name"), str) and bool(function["name"])
 
 
 def _pair_problem(row: Mapping[str, Any], data_format: str, columns: Mapping[str, str]) -> Problem | None:

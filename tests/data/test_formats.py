@@ -19,6 +19,7 @@ GOOD = {
     "conversational": {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
 }
 USER = [{"role": "user", "content": "hi"}]
+REPLY = [{"role": "assistant", "content": "b"}]
 ASSISTANT = [{"role": "assistant", "content": "yo"}]
 
 
@@ -110,6 +111,27 @@ def test_conversational_prompts_and_preferences_are_valid(row):
             "conversational",
             {"messages": [*USER, {"role": "assistant", "content": " "}]},
             "field 'messages': the assistant's message is empty",
+        ),
+        # hardening 3, item 7: each was a traceback from the SFT encoder once the model had loaded
+        (
+            "conversational",
+            {"messages": [*USER, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]},
+            "field 'messages': messages 1 and 2 are both the assistant's",
+        ),
+        (
+            "conversational",
+            {"messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}, *USER, *REPLY]},
+            "field 'messages': the conversation opens with the assistant's turn",
+        ),
+        (
+            "conversational",
+            {"messages": [*USER, {"role": "assistant", "content": "a"}], "tools": "calculator"},
+            "field 'tools': 'calculator' is not a list of schemas",
+        ),
+        (
+            "conversational",
+            {"messages": [*USER, {"role": "assistant", "content": "a"}], "tools": [{"function": {"name": "f"}}, 5]},
+            "field 'tools': entry 1 is 5, not a function schema",
         ),
     ],
 )
