@@ -50,14 +50,17 @@ _sync_calls = threading.BoundedSemaphore(SYNC_CALLS_AT_ONCE)
 JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
 
 
-def tool_schema(function: Callable[..., Any]) -> dict[str, Any]:
-    """The JSON schema a chat template's ``tools`` takes for ``function``: transformers' own
-    (type hints and a Google-style docstring); for a function without such a docstring, one from
-    its signature alone (``state`` is the episode's, never the model's)."""
+def tool_schema(function: Callable[..., Any], name: str | None = None) -> dict[str, Any]:
+    """The JSON schema a chat template's ``tools`` takes for ``function`` (called ``name``, by
+    default its own): transformers' own (type hints and a Google-style docstring); for a function
+    without such a docstring, one from its signature alone (``state`` is the episode's, never the
+    model's)."""
+    name = name or tool_name(function)
     from transformers.utils import get_json_schema
 
     try:
         schema = get_json_schema(function)
+        schema["function"]["name"] = name
         schema["function"]["parameters"]["properties"].pop("state", None)
         required = schema["function"]["parameters"].get("required", [])
         schema["function"]["parameters"]["required"] = [name for name in required if name != "state"]
@@ -69,23 +72,31 @@ def tool_schema(function: Callable[..., Any]) -> dict[str, Any]:
         hints = typing.get_type_hints(function)  # annotations written as strings resolved
     except Exception:  # a hint that names something not importable: the parameter stays untyped
         hints = {}
-    for name, parameter in inspect.signature(function).parameters.items():
-        if name == "state" or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+    for argument, parameter in inspect.signature(function).parameters.items():
+        if argument == "state" or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             continue
-        properties[name] = {"type": JSON_TYPES.get(hints[name], "string")} if name in hints else {}
+        properties[argument] = {"type": JSON_TYPES.get(hints[argument], "string")} if argument in hints else {}
         if parameter.default is parameter.empty:
-            required.append(name)
-    description = inspect.getdoc(function) or function.__name__
+            required.append(argument)
+    description = inspect.getdoc(function) or name
     parameters = {"type": "object", "properties": properties, "required": required}
-    return {
-        "type": "function",
-        "function": {"name": function.__name__, "description": description, "parameters": parameters},
-    }
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}
+
+
+def tool_name(function: Callable[..., Any], path: str = "") -> str:
+    """What the model calls a tool: the function's name (a ``functools.partial`` or a callable object
+    has none of its own: its path's last part)."""
+    name = getattr(function, "__name__", None)
+    return name if isinstance(name, str) and name.isidentifier() else path.rpartition(":")[2].rpartition(".")[2]
 
 
 def resolve_tools(paths: list[str]) -> dict[str, Callable[..., Any]]:
     """``env.options.tools`` (``pkg.module:function`` paths, importable from the working
     directory) → the functions by name; a wrong path or a name used twice is one message."""
+    if not isinstance(paths, list) or not all(isinstance(path, str) for path in paths):
+        raise EnvSpecError(
+            f"env.options.tools is {paths!r:.60}: a list of 'pkg.module:function' paths, e.g. [mymod:add, mymod:mul]"
+        )
     if not paths:
         raise EnvSpecError("env.options.tools is empty: list the functions, e.g. [mymod:add, mymod:mul]")
     functions: dict[str, Callable[..., Any]] = {}
@@ -98,9 +109,10 @@ def resolve_tools(paths: list[str]) -> dict[str, Callable[..., Any]]:
         )
         if not callable(function):
             raise EnvSpecError(f"env.options.tools: {path} is not a function")
-        if function.__name__ in functions:
-            raise EnvSpecError(f"env.options.tools: two tools are named {function.__name__!r}")
-        functions[function.__name__] = function
+        name = tool_name(function, path)
+        if name in functions:
+            raise EnvSpecError(f"env.options.tools: two tools are named {name!r}")
+        functions[name] = function
     return functions
 
 
@@ -129,8 +141,8 @@ class ToolsEnvironment:
         system: str | None = None,
         tools_off: bool = False,
     ) -> None:
-        self.functions = resolve_tools(list(tools))
-        self.chat_tools = [tool_schema(function) for function in self.functions.values()]
+        self.functions = resolve_tools(tools)
+        self.chat_tools = [tool_schema(function, name) for name, function in self.functions.items()]
         self.format_name, self.prompt_column, self.timeout_s = format, prompt_column, timeout_s
         self.max_calls_per_turn, self.max_result_chars = max_calls_per_turn, max_result_chars
         self.malformed_reply, self.system, self.tools_off = malformed_reply, system, tools_off
@@ -140,11 +152,17 @@ class ToolsEnvironment:
         self.turns: list[ParsedTurn] = []
 
     @staticmethod
-    def check_options(tools: list[str], format: str = "auto", **_: Any) -> None:
-        """At start-up, before any model loads: every tool imports, and a named format exists."""
-        resolve_tools(list(tools))
+    def check_options(tools: list[str], format: str = "auto", **options: Any) -> None:
+        """At start-up, before any model loads: every tool imports, a named format exists, and the
+        limits are positive numbers."""
+        resolve_tools(tools)
         if format != "auto":
             resolve_format(format)
+        limits = {"timeout_s": (int, float), "max_calls_per_turn": int, "max_result_chars": int}
+        for key, kinds in limits.items():
+            value = options.get(key, 1)
+            if isinstance(value, bool) or not isinstance(value, kinds) or not value > 0:
+                raise EnvSpecError(f"env.options.{key} is {value!r:.40}: a positive {'whole ' * (kinds is int)}number")
 
     # --------------------------------------------------------------------------- the contract
     def use_tokenizer(self, tokenizer: Any) -> None:

@@ -276,14 +276,20 @@ def resolve_format(name: str, chat_template: str | None = None, response_templat
     """The format ``name`` names, built: a registered one, a response template file (``.json``),
     or with ``auto`` the tokenizer's ``response_template`` when it has one, else the format its
     chat template is written for."""
+    if not isinstance(name, str):
+        raise ToolFormatError(
+            f"env.options.format is {name!r:.60}: name a format ({', '.join(TOOL_FORMATS)} or auto) or a .json "
+            "response template"
+        )
     if name.endswith(".json"):
         path = Path(name)
         if not path.is_file():
             raise ToolFormatError(f"env.options.format: response template file {name} does not exist")
         try:
             template = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as error:
-            raise ToolFormatError(f"env.options.format: {name} is not JSON: {error}") from None
+        except (ValueError, RecursionError) as error:  # not UTF-8, not JSON, nested past the stack
+            why = "nested thousands of levels deep" if isinstance(error, RecursionError) else error
+            raise ToolFormatError(f"env.options.format: {name} is not a JSON response template ({why})") from None
         return ResponseTemplateFormat(template)
     if name == "auto" and response_template:
         return ResponseTemplateFormat(response_template)

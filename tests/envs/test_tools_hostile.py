@@ -1,18 +1,24 @@
-"""Tools that misbehave (hardening 3, items 4 and 17): a sync tool that never returns is answered at
-its timeout and costs nothing later — every later call still runs, and the trainer still exits (a
-thread pool's workers were joined at exit, so ``done`` was printed and the process never ended; and
-the pool's few workers, once stuck, timed out every later call) — and a tool calling ``sys.exit`` is
-the tool's error, answered to the model, not the end of the run."""
+"""Tools that misbehave and options of the wrong kind (hardening 3, items 4, 6, 16 and 17): a sync
+tool that never returns is answered at its timeout and costs nothing later — every later call still
+runs, and the trainer still exits (a thread pool's workers were joined at exit, so ``done`` was
+printed and the process never ended; and the pool's few workers, once stuck, timed out every later
+call); a tool calling ``sys.exit`` is the tool's error, answered to the model, not the end of the
+run; a tool may be a ``functools.partial``; options of the wrong kind are one message."""
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import textwrap
 import threading
 from pathlib import Path
 
+import pytest
+
+from posttrain.envs import resolve_environment
 from posttrain.envs.tool_formats import ToolCall
+from posttrain.errors import PosttrainError
 from tests.envs.test_tools_env import step, tools_env, turn
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,3 +72,45 @@ def test_a_tool_calling_sys_exit_is_its_error_answered_to_the_model():
     assert "exits" in replies[0]["content"] and "sys.exit(0)" in replies[0]["content"]
     assert replies[1]["content"] == "3" and not done
     assert env.episode_metrics()["tools/error_fraction"] == 0.5
+
+
+add_two = functools.partial(add, b=2)
+
+
+def test_a_partial_function_is_a_tool_named_by_its_path():
+    env = tools_env("add_two", module="tests.envs.test_tools_hostile")
+    assert env.chat_tools[0]["function"]["name"] == "add_two"
+    env.reset({"prompt": "go"})
+    replies, _, _ = step(env, turn(ToolCall("add_two", {"a": 3})))
+    assert replies[0]["content"] == "5"
+
+
+def bad_options(tmp_path: Path) -> dict[str, tuple[dict, str]]:
+    """Hardening 3, items 6 and 16: each was a traceback or silently accepted (a negative limit)."""
+    not_utf8, deep = tmp_path / "latin.json", tmp_path / "deep.json"
+    not_utf8.write_bytes(b"\xff\xfe{bad")
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    return {
+        "format a number": ({"format": 5}, "env.options.format is 5: name a format"),
+        "template not UTF-8": ({"format": str(not_utf8)}, "latin.json is not a JSON response template"),
+        "template nested deep": ({"format": str(deep)}, "deep.json is not a JSON response template (nested"),
+        "tools a string": ({"tools": "m:add"}, "env.options.tools is 'm:add': a list of 'pkg.module:function'"),
+        "tools numbers": ({"tools": [1, 2]}, "env.options.tools is [1, 2]: a list"),
+        "negative calls": ({"max_calls_per_turn": -1}, "env.options.max_calls_per_turn is -1: a positive whole"),
+        "negative timeout": ({"timeout_s": -5}, "env.options.timeout_s is -5: a positive number"),
+        "no result": ({"max_result_chars": 0}, "env.options.max_result_chars is 0: a positive whole number"),
+        "true timeout": ({"timeout_s": True}, "env.options.timeout_s is True"),
+    }
+
+
+CASES = ["format a number", "template not UTF-8", "template nested deep", "tools a string", "tools numbers"]
+CASES += ["negative calls", "negative timeout", "no result", "true timeout"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_options_of_the_wrong_kind_are_one_message_before_a_model_loads(tmp_path, case):
+    options, message = bad_options(tmp_path)[case]
+    options = {"tools": ["tests.envs.test_tools_hostile:add"], "format": "hermes", **options}
+    with pytest.raises(PosttrainError) as raised:
+        resolve_environment("tools", options)
+    assert message in str(raised.value)
