@@ -36,7 +36,7 @@ from typing import Any
 
 from posttrain.envs.base import EnvSpecError, Observation, in_daemon_thread, register_environment
 from posttrain.envs.python_tool import ToolSandboxError
-from posttrain.envs.tool_formats import ParsedTurn, ToolCall, resolve_format
+from posttrain.envs.tool_formats import ParsedTurn, ToolCall, parse_turn, resolve_format
 from posttrain.user_code import import_named
 
 TOOLS_OFF_REPLY = "error: the tools are off in this conversation; answer without them"
@@ -185,7 +185,7 @@ class ToolsEnvironment:
     async def step(self, completion: str) -> tuple[Observation | None, float | None, bool]:
         if self.format is None:  # no tokenizer was handed over (a test, a caller of its own)
             self.format = resolve_format(self.format_name)
-        turn = self.format.parse(completion)
+        turn = parse_turn(self.format, completion)
         self.turns.append(turn)
         self.counts["turns"] += 1
         if turn.status == "no_call":
@@ -252,7 +252,12 @@ class ToolsEnvironment:
         except Exception as error:  # the tool's own failure is the model's observation, and counted
             self.counts["errors"] += 1
             return f"error: {call.name} raised {type(error).__name__}: {error}"
-        return self._cut(result if isinstance(result, str) else json.dumps(result, default=str))
+        try:
+            text = result if isinstance(result, str) else json.dumps(result, default=str)
+        except (ValueError, TypeError, RecursionError) as error:  # circular, an int past str()'s limit, ...
+            self.counts["errors"] += 1
+            return f"error: {call.name} returned a value that cannot be written as JSON ({type(error).__name__})"
+        return self._cut(text)
 
     def _cut(self, text: str) -> str:
         if len(text) <= self.max_result_chars:

@@ -63,6 +63,15 @@ TOOL_FORMATS = Registry("tool call format")
 """Formats by name: classes with ``parse(text) -> ParsedTurn`` and ``render(calls) -> str``."""
 
 
+def parse_turn(tool_format: Any, text: str) -> ParsedTurn:
+    """``tool_format.parse(text)``; a call whose JSON nests past the interpreter's stack (thousands of
+    levels of arrays) is the policy's malformed call, answered and counted, not an environment failure."""
+    try:
+        return tool_format.parse(text)
+    except RecursionError:
+        return ParsedTurn("malformed", content=text, error="the call's JSON nests thousands of levels deep")
+
+
 def _call(payload: Any, arguments_key: str) -> ToolCall:
     """A call from its decoded JSON object; ValueError naming what is wrong."""
     if not isinstance(payload, dict) or not isinstance(payload.get("name"), str) or not payload["name"]:

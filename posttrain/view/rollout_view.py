@@ -194,6 +194,8 @@ def _token_texts(tokenizer: Any, ids: list[int], known: dict[int, str]) -> list[
 
 def _tool_calls(tokens: list[dict[str, Any]], formats: list[Any]) -> list[dict[str, Any]]:
     """The tool calls of each policy turn (a run of sampled tokens), parsed by the run's format."""
+    from posttrain.envs.tool_formats import parse_turn
+
     calls, turn, turns = [], [], []
     for token in [*tokens, {"sampled": False}]:
         if token["sampled"]:
@@ -203,7 +205,7 @@ def _tool_calls(tokens: list[dict[str, Any]], formats: list[Any]) -> list[dict[s
             turn = []
     for index, text in enumerate(turns):
         for tool_format in formats:
-            parsed = tool_format.parse(text)
+            parsed = parse_turn(tool_format, text)
             if parsed.status == "parsed":
                 calls += [{"turn": index, "name": c.name, "arguments": c.arguments} for c in parsed.calls]
                 break

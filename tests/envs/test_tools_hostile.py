@@ -114,3 +114,35 @@ def test_options_of_the_wrong_kind_are_one_message_before_a_model_loads(tmp_path
     with pytest.raises(PosttrainError) as raised:
         resolve_environment("tools", options)
     assert message in str(raised.value)
+
+
+def circular(x: int) -> list:
+    loop: list = []
+    loop.append(loop)
+    return loop
+
+
+def enormous(x: int) -> int:
+    return 10**5000
+
+
+def test_a_call_nested_thousands_deep_is_the_policys_malformed_call():
+    """Hardening 3, item 17: a RecursionError, reported as the environment's failure."""
+    env = tools_env("add", module="tests.envs.test_tools_hostile")
+    env.reset({"prompt": "go"})
+    nested = "[" * 5000 + "]" * 5000
+    replies, _, done = step(env, '<tool_call>\n{"name": "add", "arguments": {"a": ' + nested + "}}\n</tool_call>")
+    assert not done and "nests thousands of levels deep" in replies[0]["content"]
+    assert env.episode_metrics()["tools/malformed_fraction"] == 1.0
+
+
+def test_a_result_that_cannot_be_written_is_the_tools_error():
+    env = tools_env("circular", "enormous", "add", module="tests.envs.test_tools_hostile")
+    env.reset({"prompt": "go"})
+    calls = [ToolCall("circular", {"x": 1}), ToolCall("enormous", {"x": 1}), ToolCall("add", {"a": 1, "b": 1})]
+    replies, _, _ = step(env, turn(*calls))
+    assert [reply["content"].partition(" (")[0] for reply in replies[:2]] == [
+        "error: circular returned a value that cannot be written as JSON",
+        "error: enormous returned a value that cannot be written as JSON",
+    ]
+    assert replies[2]["content"] == "2" and env.episode_metrics()["tools/error_fraction"] == 2 / 3
