@@ -78,6 +78,7 @@ def _train(args: argparse.Namespace) -> int:
         return 0
     from posttrain.run.out_of_memory import is_out_of_memory, out_of_memory
 
+    out = Path(config.output_dir).absolute()  # where the run writes, whatever its user code does to the cwd
     try:
         getattr(runners, runner_name)(config)
     except Exception as error:  # out of memory: one message naming the stage and what to lower
@@ -85,7 +86,7 @@ def _train(args: argparse.Namespace) -> int:
             raise
         raise out_of_memory(error, config) from error
     if main_rank:
-        for line in closing_lines(config.output_dir):
+        for line in closing_lines(out):
             print(f"[{args.command}] {line}")
         print(f"[{args.command}] done: model {config.output_dir}/final, report {config.output_dir}/report.html")
     return 0

@@ -120,7 +120,7 @@ def train_offline(
 ) -> list[dict[str, float]]:
     """Train ``objective.model`` on ``examples``; returns the per-step metrics. ``on_step``: see
     :data:`StepHook`; ``show_progress=False`` leaves the console to a caller printing its own lines."""
-    out = Path(config.output_dir)
+    out = Path(config.output_dir).absolute()  # fixed at the start: user code may os.chdir
     # rank 0 prepares the run folder (run_outputs.py); every rank resumes from what it found
     resume_from = ready_run_dir(out, config.resume, config.overwrite, config_yaml, fields=OFFLINE_STATE_FIELDS)
     model = objective.model

@@ -332,7 +332,7 @@ def run_dpo(config: DPORun) -> list[dict[str, float]]:
     return history
 
 
-def _write_summary(output_dir: str, history: list[dict[str, float]]) -> None:
+def _write_summary(output_dir: str | Path, history: list[dict[str, float]]) -> None:
     first, last = history[0], history[-1]
     summary = {"first_step": first, "last_step": last}
     (Path(output_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

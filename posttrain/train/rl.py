@@ -114,7 +114,7 @@ class OnlineRL:
         self.ranks = world()  # one process, or this one's place under torchrun (distributed.py)
         self.policy, self.tokenizer = model.to(self.ranks.device(resolve_device(config.device))), tokenizer
         self.policy.train()
-        self.out = Path(config.output_dir)
+        self.out = Path(config.output_dir).absolute()  # fixed at the start: user code may os.chdir
         self.alarm = self.rewards and HackingAlarm.for_run(
             self.rewards.names, self.rewards_weights, config.monitor_window, self.echo,
             self.out if self.ranks.is_main else None,
