@@ -40,6 +40,11 @@ def check_output(
                     f"reward function {name!r} returned a list for completion {i}: one value per assistant turn is "
                     "for episodes (env:); a single completion takes one float or None"
                 )
+            if any(v is None for v in value):
+                raise RewardFunctionError(
+                    f"reward function {name!r} returned {value!r:.80} for episode {i}: a per-turn list holds a number "
+                    "for every assistant turn; return None instead of the list to leave the episode unscored"
+                )
             turns[i] = [finite(name, v, i) for v in value]
             column.append(sum(turns[i]))
             continue
@@ -51,8 +56,11 @@ def check_output(
 
 
 def finite(name: str, value: Any, i: int) -> float:
-    """``value`` as a float (NaN allowed: no score), or the error naming the function and sample."""
+    """``value`` as a float (NaN allowed: no score), or the error naming the function and sample. Text
+    is not a number even where ``float`` reads it ("1.5"): a function returning strings is a bug."""
     try:
+        if isinstance(value, (str, bytes, bytearray)):
+            raise TypeError
         number = float(value)
     except (TypeError, ValueError):
         raise RewardFunctionError(

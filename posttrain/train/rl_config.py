@@ -29,7 +29,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from posttrain.algos import POLICY_LOSSES
 from posttrain.config import (
@@ -158,6 +158,14 @@ class RLRun(RunOptions, OptimizerOptions):
     step of a longer one (at most 200 steps recorded, for viewing; not replayable); false: none."""
     threads: int | None = Field(None, ge=1)
     """torch intra-op threads (default: every core this process may use)."""
+
+    @field_validator("monitor_window")
+    @classmethod
+    def _a_window_that_can_fire(cls, window: int) -> int:
+        # the alarm compares half-windows by their standard errors: a half of one step has none
+        if 0 < window < 4:
+            raise ValueError(f"monitor_window {window} can never fire (its halves need 2 steps each): 0 or 4 and up")
+        return window
 
     @model_validator(mode="after")
     def _episode_rows(self) -> RLRun:

@@ -161,6 +161,7 @@ COMMAND_CONFIGS = {
         ("minibatch_size=3", ["minibatch_size"]),
         ("micro_batch_size=0", ["micro_batch_size"]),
         ("ppo_epochs=0", ["ppo_epochs"]),
+        ("monitor_window=3", ["monitor_window 3 can never fire"]),  # hardening 3, item 16
         ("max_new_tokens=0", ["max_new_tokens"]),
         ("sampling.temperature=0", ["sampling.temperature"]),
         ("sampling.top_p=0", ["sampling.top_p"]),

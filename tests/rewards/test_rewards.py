@@ -81,6 +81,9 @@ def test_async_functions_are_awaited_concurrently():
         (lambda prompts, completions, completion_ids, **_: [1.0], "returned 1 values for 2 completions"),
         (lambda prompts, completions, completion_ids, **_: ["yes", 1.0], "returned 'yes' for completion 0"),
         (lambda prompts, completions, completion_ids, **_: None, "must return a list"),
+        # hardening 3, item 16: text that float() reads was trained as a number
+        (lambda prompts, completions, completion_ids, **_: ["1.5", 1.0], "returned '1.5' for completion 0"),
+        (lambda prompts, completions, completion_ids, **_: [1.0, b"2"], "returned b'2' for completion 1"),
     ],
 )
 def test_broken_reward_functions_are_named(bad, message):

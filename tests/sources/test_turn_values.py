@@ -63,3 +63,20 @@ def test_a_single_completion_takes_one_value_not_a_list():
     )
     with pytest.raises(RewardFunctionError, match="one value per assistant turn is for episodes"):
         rewards.score(["p"], ["c"], [[1]])
+
+
+def with_a_hole(prompts, completions, **columns):
+    return [[None, *[0.1] * sum(m["role"] == "assistant" for m in c)][:-1] for c in completions]
+
+
+def as_text(prompts, completions, **columns):
+    return [["0.5"] * sum(m["role"] == "assistant" for m in c) for c in completions]
+
+
+def test_none_or_text_inside_a_per_turn_list_says_what_to_return(policy):  # noqa: F811
+    """Hardening 3, items 16 and 18: text was trained as numbers; None was refused with a message
+    asking for 'a float or None'."""
+    with pytest.raises(RewardFunctionError, match="return None instead of the list to leave the episode unscored"):
+        source_with(policy, with_a_hole, weight=1.0).next_batch(1)
+    with pytest.raises(RewardFunctionError, match=r"'as_text' returned '0\.5' for completion 0"):
+        source_with(policy, as_text, weight=1.0).next_batch(1)
