@@ -199,9 +199,12 @@ def recorded_steps(folder: Path) -> list[int]:
     return sorted(steps)
 
 
-def check_replay_folder(folder: str | Path, steps: int, run: dict[str, Any] | None = None) -> Path:
-    """Refuse, before any model loads, a replay folder that is missing, too short for ``steps``, or
-    recorded by a run of another shape or model than ``run`` (:func:`run_shape`)."""
+def check_replay_folder(
+    folder: str | Path, steps: int, run: dict[str, Any] | None = None, *, sampling_masks: bool = False
+) -> Path:
+    """Refuse, before any model loads, a replay folder that is missing, too short for ``steps``,
+    recorded by a run of another shape or model than ``run`` (:func:`run_shape`), or, when the run
+    renormalises over the sampler's kept sets (``sampling_masks``), recorded without them."""
     path = Path(folder)
     if not path.is_dir():
         raise RecordingError(
@@ -221,7 +224,13 @@ def check_replay_folder(folder: str | Path, steps: int, run: dict[str, Any] | No
             f"rollout.replay = {str(folder)!r} holds {held}, not step {missing[0]} of the {steps} asked for: "
             "lower steps or record a longer run"
         )
-    read_batch(path, 1)  # the schema version and the fields, before anything loads
+    first, _ = read_batch(path, 1)  # the schema version and the fields, before anything loads
+    if sampling_masks and first.sampling_mask is None:
+        raise RecordingError(
+            f"rollout.replay = {str(folder)!r} was recorded without the sampler's kept sets, which "
+            "rollout.keep_sampling_mask renormalises over (without them it would train unrenormalised): record "
+            "with rollout.keep_sampling_mask: true, or replay with it false"
+        )
     if run is not None:
         check_replay_run(path, run)
     return path

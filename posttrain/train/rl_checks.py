@@ -161,7 +161,8 @@ def check_settings(config: RLRun, *, model_given: bool = False) -> None:
     if not model_given:
         check_model_source(config.model)
     if config.rollout.replay is not None:
-        check_replay_folder(config.rollout.replay, config.steps, run_shape(config))
+        masks = config.rollout.keep_sampling_mask
+        check_replay_folder(config.rollout.replay, config.steps, run_shape(config), sampling_masks=masks)
     if config.env is not None:  # the class is imported and its options checked here
         resolve_environment(config.env.name, config.env.options)
     check_critic_folder(config)

@@ -107,3 +107,19 @@ def test_batches_with_kept_sets_of_different_sizes_concatenate(tmp_path):
 def test_a_mask_that_cannot_mean_anything_is_refused(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_rl_config(None, [*TINY, *SMALL, "rollout.keep_sampling_mask=true", *overrides])
+
+
+def test_replaying_a_recording_without_kept_sets_under_keep_sampling_mask_is_refused(tmp_path, capsys):
+    """Hardening 3, item 15: it replayed, and trained over the whole vocabulary unrenormalised."""
+    from posttrain.cli import main
+
+    base = ["rl", *TINY, *SMALL, *TRUNCATED, "steps=1", "report_to=[]", "reward_workers=0", "preflight=false"]
+    base += ["rewards=[tests.train.test_rl:vowel_share]"]
+    assert main([*base, "record_rollouts=true", f"output_dir={tmp_path / 'recorded'}"]) == 0
+    capsys.readouterr()
+    replay = [f"rollout.replay={tmp_path / 'recorded' / 'rollouts'}", f"output_dir={tmp_path / 'replayed'}"]
+    assert main([*base, *replay, "rollout.keep_sampling_mask=true"]) == 2
+    err = capsys.readouterr().err
+    assert "recorded without the sampler's kept sets" in err and "Traceback" not in err
+    assert not (tmp_path / "replayed").exists()
+    assert main([*base, *replay]) == 0  # without the option the same recording replays
