@@ -30,9 +30,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from posttrain.errors import PosttrainError
 from posttrain.models.logprobs import chunked_logprobs, output_layer
 
 PACKED_ATTENTION = "posttrain_packed"
+
+
+class PackingUnsupported(PosttrainError, ValueError):
+    """A model whose attention cannot be limited to each packed sample."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,25 @@ def _ranges(starts: Tensor, lengths: Tensor) -> Tensor:
     return first + torch.arange(total, device=starts.device)
 
 
+def check_packable(model_path: str | None, key: str) -> None:
+    """Before a model loads: refuse ``key`` (padding_free, packing) for a model folder whose class
+    computes its own attention (Bloom), read from its config; the tiny models always pack."""
+    if model_path is None:
+        return
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from posttrain.models.loading import read_config
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(read_config(model_path).model_type)
+    model_class = getattr(transformers, name, None) if isinstance(name, str) else None
+    if model_class is not None and not getattr(model_class, "_supports_attention_backend", False):
+        raise PackingUnsupported(
+            f"{key}: {name} computes its own attention, so samples laid end to end would attend to each other; "
+            f"set {key}: false"
+        )
+
+
 def use_packed_attention(model: nn.Module) -> None:
     """Switch ``model`` (or the model a PEFT wrapper holds) to :func:`packed_attention`, once;
     unpacked forwards keep going to the implementation it had."""
@@ -107,6 +131,11 @@ def use_packed_attention(model: nn.Module) -> None:
     current = base.config._attn_implementation
     if current == PACKED_ATTENTION:
         return
+    if not getattr(base, "_supports_attention_backend", False):  # its attention takes no function of ours
+        raise PackingUnsupported(
+            f"padding_free / packing: {type(base).__name__} computes its own attention, so samples laid end to end "
+            "would attend to each other; train it with padding_free: false (packing: false for SFT)"
+        )
     AttentionInterface.register(PACKED_ATTENTION, packed_attention)
     AttentionMaskInterface.register(PACKED_ATTENTION, _packed_mask)
     for config in {id(m.config): m.config for m in base.modules() if hasattr(m, "config")}.values():
@@ -141,13 +170,28 @@ def packed_attention(
     bounds = kwargs.get("document_bounds")
     if bounds is None:
         return _unpacked(module)(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    window = getattr(module, "sliding_window", None)
+    window = _window(module)
     longest = kwargs.get("max_length_q") or max(end - start for start, end in bounds)
     if query.device.type == "cuda" and (window is None or longest <= window):
         out = _jagged_attention(query, key, value, kwargs["cu_seq_lens_q"], longest, scaling)
     else:
         out = _per_document(query, key, value, bounds, scaling, window)
     return out, None
+
+
+def _window(module: nn.Module) -> int | None:
+    """The sliding window this layer attends within: its own attribute (Qwen2, per layer), else the
+    config's — Mistral applies its window through the attention mask alone, which a packed pass
+    does not build — for a layer the config's ``layer_types`` does not mark as full attention."""
+    window = getattr(module, "sliding_window", None)
+    if window is not None:
+        return window
+    config = getattr(module, "config", None)
+    types, layer = getattr(config, "layer_types", None), getattr(module, "layer_idx", None)
+    if types is not None and layer is not None and types[layer] != "sliding_attention":
+        return None
+    window = getattr(config, "sliding_window", None)
+    return window if isinstance(window, int) and window > 0 else None
 
 
 def _unpacked(module: nn.Module) -> Any:

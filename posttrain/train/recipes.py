@@ -129,8 +129,10 @@ def micro_batch(config: LoopConfig) -> int:
 
 
 def check_run_dir(config: LoopConfig) -> None:
-    """The run folder and resume point (``run/run_dir.py``) and the metric sinks, checked before
-    any model loads (by rank 0 alone under torchrun: it writes the folder)."""
+    """The run folder and resume point (``run/run_dir.py``), the metric sinks and whether the model
+    can pack (``packing``), checked before any model loads (the folder by rank 0 alone under
+    torchrun: it writes the folder)."""
+    from posttrain.models.packing import check_packable
     from posttrain.run.run_dir import start_point
     from posttrain.telemetry.metrics import check_report_to
 
@@ -138,6 +140,8 @@ def check_run_dir(config: LoopConfig) -> None:
         config_yaml = dump_config(config)
         start_point(config.output_dir, config.resume, config.overwrite, config_yaml, config.steps, OFFLINE_STATE_FIELDS)
     check_report_to(config.report_to)
+    if getattr(config, "packing", False):
+        check_packable(config.model.path, "packing")
 
 
 def _device(config: LoopConfig) -> torch.device:

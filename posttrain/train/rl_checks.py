@@ -21,6 +21,7 @@ from posttrain.devices import resolve_device
 from posttrain.distributed import join, note_strategy
 from posttrain.envs import resolve_environment
 from posttrain.errors import PosttrainError
+from posttrain.models.packing import check_packable
 from posttrain.models.section import check_model_source, vocab_size
 from posttrain.run.run_dir import start_point
 from posttrain.sources.recorded import check_replay_folder, run_shape
@@ -160,6 +161,8 @@ def check_settings(config: RLRun, *, model_given: bool = False) -> None:
     check_report_to(config.report_to)
     if not model_given:
         check_model_source(config.model)
+        if config.padding_free:
+            check_packable(config.model.path, "padding_free")
     if config.rollout.replay is not None:
         masks = config.rollout.keep_sampling_mask
         check_replay_folder(config.rollout.replay, config.steps, run_shape(config), sampling_masks=masks)

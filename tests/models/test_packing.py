@@ -110,3 +110,58 @@ def test_a_switched_model_saves_a_plain_config(tmp_path):
     text = (tmp_path / "config.json").read_text()
     assert "posttrain" not in text
     assert AutoModelForCausalLM.from_pretrained(tmp_path).config._attn_implementation == "sdpa"
+
+
+def sliding_model(family: str):
+    """A tiny model whose window (4) is shorter than the batch's samples (up to 12 tokens)."""
+    from transformers import AutoModelForCausalLM, MistralConfig, Qwen2Config
+
+    sizes = {"vocab_size": 50, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}
+    sizes |= {"num_attention_heads": 4, "num_key_value_heads": 2, "sliding_window": 4}
+    if family == "mistral":  # the window in its mask only: the attention module has no attribute for it
+        config = MistralConfig(**sizes)
+    else:
+        config = Qwen2Config(**sizes, use_sliding_window=True, max_window_layers=0)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2"])
+def test_a_sliding_window_model_packed_equals_padded(family):
+    """Hardening 3, item 13: Mistral's packed pass attended past its window (0.045 from padded)."""
+    model = sliding_model(family)
+    prompt_ids, prompt_mask, response_ids, response_mask, attended = batch()
+    expected, _ = padded(model, prompt_ids, prompt_mask, response_ids, response_mask, attended)
+    widths = attended.sum(1)
+    got, _ = packed_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, widths, temperature=0.7)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_a_model_that_computes_its_own_attention_is_refused_for_packing():
+    """Bloom takes no attention function: packed, its samples would attend to each other."""
+    from transformers import AutoModelForCausalLM, BloomConfig
+
+    from posttrain.errors import PosttrainError
+
+    model = AutoModelForCausalLM.from_config(BloomConfig(n_layer=1, hidden_size=32, n_head=2, vocab_size=50))
+    prompt_ids, prompt_mask, response_ids, response_mask, attended = batch()
+    with pytest.raises(PosttrainError, match="BloomForCausalLM computes its own attention"):
+        packed_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, attended.sum(1))
+
+
+@pytest.mark.parametrize("command", [["rl", "padding_free=true"], ["sft", "packing=true", "max_length=64"]])
+def test_packing_a_model_that_computes_its_own_attention_is_refused_before_it_loads(tmp_path, capsys, command):
+    from transformers import AutoModelForCausalLM, BloomConfig
+
+    from posttrain.cli import main
+    from posttrain.models.tokenizers import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    config = BloomConfig(n_layer=1, hidden_size=32, n_head=2, vocab_size=len(tokenizer))
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "bloom")
+    tokenizer.save_pretrained(tmp_path / "bloom")
+    args = [*command, f"model.path={tmp_path / 'bloom'}", "data.task=reverse", "data.n_train=32", "data.n_eval=9"]
+    capsys.readouterr()
+    assert main([*args, f"output_dir={tmp_path / 'run'}", "--plan"]) == 2
+    err = capsys.readouterr().err
+    assert "BloomForCausalLM computes its own attention" in err and "Traceback" not in err
