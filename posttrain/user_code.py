@@ -13,8 +13,8 @@ def import_named(path: str, *, what: str, malformed: str, error: type[Exception]
     directory (a console script such as ``posttrain`` does not put it on ``sys.path`` by itself).
 
     Every failure is an ``error`` naming ``what`` and ``path``: ``malformed`` when the string has
-    no ``module:name`` shape, a missing module, a module that raises on import (its exception, not
-    a traceback into importlib), a missing attribute."""
+    no ``module:name`` shape, a missing module, a module that raises or calls ``sys.exit`` on
+    import (its exception, not a traceback into importlib), a missing attribute."""
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
         raise error(malformed)
@@ -24,6 +24,11 @@ def import_named(path: str, *, what: str, malformed: str, error: type[Exception]
         module = importlib.import_module(module_name)
     except ImportError as cause:
         raise error(f"{what} {path!r}: cannot import module {module_name!r} ({cause})") from None
+    except SystemExit as cause:  # a script's sys.exit at import: the run would end "successfully", having done nothing
+        raise error(
+            f"{what} {path!r}: importing {module_name!r} called sys.exit({cause.code!r}); keep a script's top-level "
+            "code under `if __name__ == '__main__':`"
+        ) from None
     except Exception as cause:  # the user's module is broken: say where
         raise error(f"{what} {path!r}: importing {module_name!r} raised {type(cause).__name__}: {cause}") from cause
     if not hasattr(module, attr):

@@ -261,6 +261,13 @@ def _conversation_problem(row: Mapping[str, Any]) -> Problem | None:
     if twice is not None:
         detail = f"messages {twice - 1} and {twice} are both the assistant's; merge them, or put the turn between"
         return Problem("messages", "two assistant turns in a row in {field}", detail)
+    orphan = next(
+        (i for i in range(len(roles)) if roles[i] == "tool" and (i == 0 or roles[i - 1] not in ("assistant", "tool"))),
+        None,
+    )
+    if orphan is not None:
+        detail = f"message {orphan} is a tool's result answering no call: it follows the assistant's turn that called"
+        return Problem("messages", "tool result answering no call in {field}", detail)
     tools = row.get("tools")
     if tools is None:
         return None

@@ -125,6 +125,11 @@ def test_conversational_prompts_and_preferences_are_valid(row):
         ),
         (
             "conversational",
+            {"messages": [*USER, {"role": "tool", "content": "5"}, *REPLY]},
+            "field 'messages': message 1 is a tool's result answering no call",
+        ),
+        (
+            "conversational",
             {"messages": [*USER, {"role": "assistant", "content": "a"}], "tools": "calculator"},
             "field 'tools': 'calculator' is not a list of schemas",
         ),

@@ -146,3 +146,12 @@ def test_a_result_that_cannot_be_written_is_the_tools_error():
         "error: enormous returned a value that cannot be written as JSON",
     ]
     assert replies[2]["content"] == "2" and env.episode_metrics()["tools/error_fraction"] == 2 / 3
+
+
+def test_a_tool_module_that_calls_sys_exit_on_import_is_one_message(tmp_path, monkeypatch):
+    """Hardening 3, item 16: the run ended with status 0, having trained nothing."""
+    (tmp_path / "script_with_exit.py").write_text("import sys\n\ndef f(x: int) -> int:\n    return x\n\nsys.exit(0)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PosttrainError, match=r"importing 'script_with_exit' called sys.exit\(0\)"):
+        resolve_environment("tools", {"tools": ["script_with_exit:f"], "format": "hermes"})
