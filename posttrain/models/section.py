@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from posttrain.config import ConfigError, Section
 
@@ -66,6 +66,17 @@ class ModelSection(Section):
     """Train LoRA adapters instead of all weights (DPO then uses the adapter-free model as
     reference)."""
 
+    @field_validator("path", mode="before")
+    @classmethod
+    def _a_folder_or_an_id(cls, value: Any) -> Any:
+        # `model.path=hub:` or `path: org/name: x` is YAML for a mapping: say what a path looks like
+        if isinstance(value, (dict, list)):
+            raise ValueError(
+                f"model.path is {value!r:.60}, not a path: give a local model folder (runs/sft/final) or a Hub id "
+                "as org/name (HuggingFaceTB/SmolLM2-135M-Instruct); quote a value with ':' in it"
+            )
+        return value
+
     @model_validator(mode="after")
     def _one_source(self) -> ModelSection:
         if self.path is None and self.tiny is None:
@@ -96,6 +107,17 @@ def vocab_size(section: ModelSection) -> int:
     from posttrain.models.tokenizers import build_char_tokenizer
 
     return len(build_char_tokenizer())
+
+
+def context_length(section: ModelSection) -> int | None:
+    """The longest sequence the model's positions cover, without loading it: its config's
+    ``max_position_embeddings`` (GPT-2's ``n_positions``), or the tiny model's; None if unsaid."""
+    if section.path is None:
+        return section.tiny.max_positions
+    from posttrain.models.loading import read_config
+
+    limit = getattr(read_config(section.path), "max_position_embeddings", None)
+    return limit if isinstance(limit, int) and limit > 0 else None
 
 
 def build_model_and_tokenizer(section: ModelSection, seed: int) -> tuple[Any, Any]:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from posttrain.config import ConfigError
 from posttrain.devices import resolve_device
+from posttrain.models.section import context_length
 from posttrain.plan.memory_model import ShapeUnknown, plan_lines
 from posttrain.plan.micro_batch_budget import budget_line, resolve_budget
 from posttrain.plan.plan import check_fits, device_memory, make_plan, plan_inputs
@@ -28,6 +30,7 @@ def announce_plan(command: str, config: Any, *, echo: bool = True) -> Any:
                 "micro_batch_size or micro_batch_tokens bound the passes"
             )
         return config
+    _check_room_to_generate(command, config)
     config, origin = resolve_budget(inputs, config, available, where.type == "cpu")
     plan = make_plan(inputs, config)
     if echo:
@@ -37,6 +40,19 @@ def announce_plan(command: str, config: Any, *, echo: bool = True) -> Any:
     stage = STAGE_OF_PHASE.get(plan.peak_phase.name, plan.peak_phase.name)
     check_fits(plan, device, available, REMEDIES.get(stage, "the batch sizes"))
     return config
+
+
+def _check_room_to_generate(command: str, config: Any) -> None:
+    """A generation limit the model's context cannot hold is the cause to name, before the memory
+    it would take: every prompt would be refused."""
+    if command != "rl":
+        return
+    context = context_length(config.model)
+    if context is not None and config.max_new_tokens >= context:
+        raise ConfigError(
+            f"max_new_tokens = {config.max_new_tokens} leaves no room for a prompt in the model's context of {context} "
+            f"tokens (max_position_embeddings): set it below {context}, with room for the longest prompt"
+        )
 
 
 def _check_before_data(command: str, config: Any) -> None:

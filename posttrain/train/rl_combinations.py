@@ -271,6 +271,11 @@ def _reward_problems(config: RLRun) -> list[str]:
     names = [entry_name(spec) for spec in config.rewards]
     if weights is not None and len(weights) != len(names):
         problems.append(f"reward_weights has {len(weights)} entries for {len(names)} reward function(s)")
+    elif weights is not None and config.env is None and not any(weights):  # an environment scores on its own
+        problems.append(
+            f"reward_weights gives every reward weight 0 ({', '.join(names)}): a weight-0 reward is a monitor, "
+            "measured and never optimised, so this run would optimise nothing; give the reward to train on a weight"
+        )
     unknown = [name for name in config.allow_constant_reward if name not in names]
     if unknown:
         problems.append(f"allow_constant_reward names {unknown}, which are not rewards of this run: {names}")

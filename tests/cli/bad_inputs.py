@@ -162,6 +162,10 @@ COMMAND_CONFIGS = {
         ("micro_batch_size=0", ["micro_batch_size"]),
         ("ppo_epochs=0", ["ppo_epochs"]),
         ("monitor_window=3", ["monitor_window 3 can never fire"]),  # hardening 3, item 16
+        # hardening 3, item 18: the pre-flight check said "every advantage would be 0", not why
+        ("rewards=[reverse] ; reward_weights=[0]", ["every reward weight 0 (reverse)", "monitor"]),
+        ("max_new_tokens=100000000", ["leaves no room for a prompt", "context of"]),
+        ("model.path=hub:", ["not a path", "org/name"]),
         ("max_new_tokens=0", ["max_new_tokens"]),
         ("sampling.temperature=0", ["sampling.temperature"]),
         ("sampling.top_p=0", ["sampling.top_p"]),
