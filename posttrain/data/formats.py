@@ -23,6 +23,7 @@ length (the trainer checks those where it tokenizes).
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
@@ -229,6 +230,13 @@ def _messages_problem(name: str, column: str, messages: list[Any]) -> Problem | 
             role = message["role"]
             detail = f"message {turn} has unknown role {role!r}; valid: {', '.join(ROLES)}"
             return Problem(column, "unknown role in {field}", detail)
+        calls = message.get("tool_calls")
+        if calls is not None:  # OpenAI's and TRL's form of a call turn: the calls beside (or instead of) text
+            problem = _tool_calls_problem(column, turn, message)
+            if problem is not None:
+                return problem
+            if message["content"] is None:
+                continue
         if not isinstance(message["content"], str):
             content = f"{type(message['content']).__name__} {_short(message['content'])}"
             return Problem(column, "non-text {field}", f"message {turn} content is {content}, expected text")
@@ -243,9 +251,36 @@ def _messages_problem(name: str, column: str, messages: list[Any]) -> Problem | 
         if last["role"] != "assistant":
             detail = f"the last message is {last['role']!r}'s; it must be the assistant's"
             return Problem(column, "no assistant turn in {field}", detail)
-        if not last["content"].strip():
+        if not (last["content"] or "").strip() and not last.get("tool_calls"):
             return Problem(column, "empty {field}", "the assistant's message is empty")
     return None
+
+
+def _tool_calls_problem(column: str, turn: int, message: Mapping[str, Any]) -> Problem | None:
+    """``tool_calls`` on an assistant message: a list of ``{function: {name, arguments}}``, the
+    arguments an object or a JSON string of one."""
+    calls, label = message["tool_calls"], "malformed tool_calls in {field}"
+    shape = "a list of {type: function, function: {name, arguments}}"
+    if message["role"] != "assistant" or not isinstance(calls, list):
+        return Problem(column, label, f"message {turn}: tool_calls is {shape}, on an assistant message")
+    for index, call in enumerate(calls):
+        if not _is_call(call):
+            detail = f"message {turn}, call {index} is {_short(call)}; tool_calls is {shape} (arguments an object)"
+            return Problem(column, label, detail)
+    return None
+
+
+def _is_call(call: Any) -> bool:
+    function = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+        return False
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except (ValueError, RecursionError):
+            return False
+    return isinstance(arguments, dict)
 
 
 def _conversation_problem(row: Mapping[str, Any]) -> Problem | None:

@@ -134,7 +134,7 @@ class Episode:
             ids = list(episode._rendered)
         else:
             episode.messages = [{"role": "user", "content": first_observation}]
-            ids = _encode(tokenizer, first_observation)
+            ids = encode_text(tokenizer, first_observation)
         episode._append(ids, 0)
         if episode.budget() < 1:
             episode.stop_reason = "max_total_tokens"
@@ -234,7 +234,7 @@ class Episode:
         else:
             if not isinstance(observation, str):
                 raise ValueError(f"turn {self.turn}: a text episode needs text observations, got chat messages")
-            tail = _encode(self.tokenizer, observation)
+            tail = encode_text(self.tokenizer, observation)
         self.messages.extend(new_messages or [{"role": "user", "content": observation}])
         limit = self.limits.max_total_tokens
         if limit is not None and len(self.ids) + len(tail) >= limit:
@@ -287,7 +287,7 @@ class Episode:
         sampled = self.ids[start:end]
         with_reply = chat_prompt_ids(self.tokenizer, self.messages, add_generation_prompt=False, tools=self.tools)
         with_observation = chat_prompt_ids(self.tokenizer, [*self.messages, *observation], tools=self.tools)
-        content = _encode(self.tokenizer, text)
+        content = encode_text(self.tokenizer, text)
         checks = (
             (
                 self._rendered,
@@ -359,7 +359,7 @@ def replay_actions(
     for action in actions:
         if episode.finished:
             raise ValueError(f"the episode ended ({episode.stop_reason}) before action {action!r}")
-        episode.add_turn([*_encode(tokenizer, action), tokenizer.eos_token_id])
+        episode.add_turn([*encode_text(tokenizer, action), tokenizer.eos_token_id])
         if episode.finished:
             break
         result = guarded.step(episode.texts[-1])
@@ -382,7 +382,8 @@ def _trailing_special(ids: Sequence[int], special: set[int]) -> list[int]:
     return list(ids[len(ids) - count :])
 
 
-def _encode(tokenizer: Any, text: str) -> list[int]:
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    """``text``'s token ids as the tokenizer writes them inside a turn (no BOS or other added tokens)."""
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -392,36 +393,3 @@ def _as_messages(observation: Observation) -> list[dict[str, Any]]:
     if not all(isinstance(m, Mapping) for m in observation):
         raise ValueError(f"an observation must be text or chat messages, got {observation!r:.80}")
     return [dict(m) for m in observation]
-
-
-def conversation_example(
-    tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[dict[str, Any]] | None = None
-) -> tuple[list[int], list[int]]:
-    """(token ids, loss mask) of a whole conversation for SFT, every assistant turn trained (its
-    text and the stop token, mask 1) and every other token context (mask 0): TRL's
-    ``assistant_only_loss``, built by the episode assembly RL uses, so a cold start on recorded
-    episodes (tool calls and their results included) teaches the tokens RL then samples, in the
-    context RL shows — and a template that rewrites history is refused naming the turn.
-    ``tools``: the schemas the template lists, as the ``tools`` environment gives them."""
-    roles = [message.get("role") for message in messages]
-    if "assistant" not in roles:
-        raise ValueError("a conversation for SFT needs at least one assistant message")
-    first = roles.index("assistant")
-    if first == 0:
-        raise ValueError("a conversation for SFT starts with a user (or system) message, not the assistant's")
-    turns = roles.count("assistant")
-    limits = EpisodeLimits(max_new_tokens=1 << 30, max_turns=turns)
-    episode = Episode.start(tokenizer, [dict(m) for m in messages[:first]], limits, tools=tools)
-    index = first
-    while index < len(messages):
-        text = messages[index]["content"]
-        episode.add_turn([*_encode(tokenizer, text), *sorted(episode.stop_token_ids)[:1]])
-        following = index + 1
-        while following < len(messages) and roles[following] != "assistant":
-            following += 1
-        observation = [dict(m) for m in messages[index + 1 : following]]
-        if episode.finished:  # the last assistant turn: max_turns reached
-            break
-        episode.add_result(observation or None, None, done=not observation)
-        index = following
-    return list(episode.ids), list(episode.mask)

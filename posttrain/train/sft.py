@@ -100,9 +100,9 @@ class SFTObjective:
     def encode(self, row: Mapping[str, Any]) -> Example:
         """Prompt/completion rows, or conversations (``messages``, optionally with ``tools``
         schemas): then every assistant turn is trained — a tool call as a final answer — and
-        everything else is context (``envs/episode.py``'s ``conversation_example``)."""
+        everything else is context (``envs/conversation.py``)."""
         if "messages" in row:
-            from posttrain.envs.episode import conversation_example
+            from posttrain.envs.conversation import conversation_example
 
             return conversation_example(self.tokenizer, row["messages"], tools=row.get("tools"))
         return encode_row(self.tokenizer, row["prompt"], row["completion"])

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.envs.episode import TemplatePrefixError, conversation_example
+from posttrain.envs.conversation import conversation_example
+from posttrain.envs.episode import TemplatePrefixError
 from posttrain.models.chat import chat_prompt_ids
 from posttrain.models.tokenizers import DEFAULT_CHARSET, build_char_tokenizer
 from posttrain.train.sft import SFTObjective
@@ -64,3 +65,30 @@ def test_a_template_that_rewrites_an_earlier_turn_is_refused_naming_it(tokenizer
 def test_a_conversation_without_an_assistant_turn_is_refused(tokenizer):
     with pytest.raises(ValueError, match="at least one assistant message"):
         conversation_example(tokenizer, CONVERSATION[:1])
+
+
+ARGUMENTS = [{"a": 2, "b": 3}, '{"a": 2, "b": 3}']  # TRL's datasets give an object, OpenAI's API a JSON string
+
+
+@pytest.mark.parametrize("arguments", ARGUMENTS, ids=["object", "json string"])
+@pytest.mark.parametrize("content", ["", None])
+def test_a_call_turn_in_openai_form_trains_the_call_as_the_model_writes_it(tokenizer, arguments, content):
+    """Hardening 3, item 12: an assistant turn with tool_calls and empty content trained only the stop
+    token, so a standard tool-calling dataset taught the model to stop where it should call."""
+    call = {"type": "function", "function": {"name": "add", "arguments": arguments}}
+    conversation = [CONVERSATION[0], {"role": "assistant", "content": content, "tool_calls": [call]}, *CONVERSATION[2:]]
+    as_text = SFTObjective(None, tokenizer).encode({"messages": CONVERSATION, "tools": TOOLS})
+    assert SFTObjective(None, tokenizer).encode({"messages": conversation, "tools": TOOLS}) == as_text
+
+
+def test_a_call_turn_in_openai_form_passes_the_data_check_and_a_malformed_one_is_named():
+    from posttrain.data import DataError, validate_rows
+
+    call = {"type": "function", "function": {"name": "add", "arguments": '{"a": 2}'}}
+    turn = {"role": "assistant", "content": None, "tool_calls": [call]}
+    good = {"messages": [CONVERSATION[0], turn, *CONVERSATION[2:]]}
+    assert len(validate_rows([good], source="calls.jsonl", data_format="conversational").kept) == 1
+    for bad_call, shown in [({"function": {"name": "add", "arguments": "{not json"}}, "call 0"), ("add", "call 0")]:
+        bad = {"messages": [CONVERSATION[0], {"role": "assistant", "content": "", "tool_calls": [bad_call]}]}
+        with pytest.raises(DataError, match=f"row 0, field 'messages': message 1, {shown}"):
+            validate_rows([bad], source="calls.jsonl", data_format="conversational")

@@ -1,0 +1,72 @@
+"""A recorded conversation as one SFT example: every assistant turn trained (its text and the stop
+token), everything else context, assembled as RL assembles an episode (``episode.py``), so a cold
+start on recorded tool use teaches the tokens RL then samples, in the context RL shows. Its tool
+calls, given as text or as OpenAI's and TRL's ``tool_calls``, are written in the model's own format."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from posttrain.envs.episode import Episode, EpisodeLimits, encode_text
+from posttrain.envs.tool_formats import ToolCall, resolve_format
+
+
+def conversation_example(
+    tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[dict[str, Any]] | None = None
+) -> tuple[list[int], list[int]]:
+    """(token ids, loss mask) of a whole conversation for SFT, every assistant turn trained (its
+    text and the stop token, mask 1) and every other token context (mask 0): TRL's
+    ``assistant_only_loss``, built by the episode assembly RL uses, so a cold start on recorded
+    episodes (tool calls and their results included) teaches the tokens RL then samples, in the
+    context RL shows — and a template that rewrites history is refused naming the turn.
+    ``tools``: the schemas the template lists, as the ``tools`` environment gives them."""
+    roles = [message.get("role") for message in messages]
+    if "assistant" not in roles:
+        raise ValueError("a conversation for SFT needs at least one assistant message")
+    first = roles.index("assistant")
+    if first == 0:
+        raise ValueError("a conversation for SFT starts with a user (or system) message, not the assistant's")
+    turns = roles.count("assistant")
+    limits = EpisodeLimits(max_new_tokens=1 << 30, max_turns=turns)
+    episode = Episode.start(tokenizer, [dict(m) for m in messages[:first]], limits, tools=tools)
+    writer = _call_writer(tokenizer) if any(m.get("tool_calls") for m in messages) else None
+    index = first
+    while index < len(messages):
+        text = assistant_text(messages[index], writer)
+        episode.add_turn([*encode_text(tokenizer, text), *sorted(episode.stop_token_ids)[:1]])
+        following = index + 1
+        while following < len(messages) and roles[following] != "assistant":
+            following += 1
+        observation = [dict(m) for m in messages[index + 1 : following]]
+        if episode.finished:  # the last assistant turn: max_turns reached
+            break
+        episode.add_result(observation or None, None, done=not observation)
+        index = following
+    return list(episode.ids), list(episode.mask)
+
+
+def assistant_text(message: Mapping[str, Any], writer: Any = None) -> str:
+    """What the model writes for an assistant message: its content, then its ``tool_calls``
+    (OpenAI's and TRL's form, arguments as an object or a JSON string) written by ``writer``, the
+    tool-call format of the model's family (``tool_formats.py``), as the tools environment reads
+    them back. A dataset's call turn with empty content trained only the stop token: the model
+    learned to stop where it should call."""
+    content = message.get("content") or ""
+    calls = message.get("tool_calls") or []
+    if not calls:
+        return content
+    parsed = []
+    for call in calls:
+        function = call["function"]
+        arguments = function.get("arguments") or {}
+        parsed.append(ToolCall(function["name"], json.loads(arguments) if isinstance(arguments, str) else arguments))
+    return writer.render(parsed, content)
+
+
+def _call_writer(tokenizer: Any) -> Any:
+    """The tool-call format the tokenizer's chat template is written for (or its response template)."""
+    templates = getattr(tokenizer, "chat_template", None), getattr(tokenizer, "response_template", None)
+    return resolve_format("auto", *templates)
+
