@@ -18,7 +18,7 @@ from typing import Any
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.models.chat import prompt_ids
-from posttrain.rewards.registry import reward_completions
+from posttrain.rewards.registry import call_reward
 from posttrain.rollout.engine import build_engine
 from posttrain.rollout.types import SamplingParams
 
@@ -142,7 +142,7 @@ def evaluate(
     # collide with the generated one.
     extra = [key for key in (rows[0] if rows else {}) if key not in ("prompt", "completion", "completion_ids")]
     columns = {k: [row[k] for row in rows] for k in extra}
-    rewards = reward_fn(prompts, reward_completions(prompts, completions), completion_ids, **columns)
+    rewards = call_reward(reward_fn, prompts, completions, completion_ids, columns)
     scored = [r for r in rewards if r is not None]
     samples = []
     for row, completion, reward in zip(rows, completions, rewards, strict=True):
@@ -185,6 +185,6 @@ def sampled_eval(
     extra = [key for key in (rows[0] if rows else {}) if key not in ("prompt", "completion", "completion_ids")]
     columns = {key: [row[key] for row in rows for _ in range(k)] for key in extra}
     prompts = [p for p in prompts for _ in range(k)]
-    rewards = reward_fn(prompts, reward_completions(prompts, completions), completion_ids, **columns)
+    rewards = call_reward(reward_fn, prompts, completions, completion_ids, columns)
     scores = [[float(r) for r in rewards[i * k : (i + 1) * k] if r is not None] for i in range(len(rows))]
     return SampledResult(k=k, scores=scores)

@@ -36,6 +36,7 @@ is run, not options of it, and work for every entry:
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -69,6 +70,27 @@ def reward_completions(prompts: Sequence[Any], completions: Sequence[Any]) -> li
         else completion
         for prompt, completion in zip(prompts, completions, strict=True)
     ]
+
+
+def call_reward(
+    fn: RewardFn,
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    completion_ids: Sequence[Sequence[int]],
+    columns: Mapping[str, Sequence[Any]],
+) -> Any:
+    """``fn``'s output for one batch, called as TRL calls a reward and as the RL loop does
+    (``compose.py``): every argument by keyword, so ``def f(prompts, completions, answer, **columns)``
+    and ``def f(completions, **kwargs)`` both work; an ``async def`` function is awaited."""
+    output = fn(
+        prompts=list(prompts),
+        completions=reward_completions(prompts, completions),
+        completion_ids=[list(ids) for ids in completion_ids],
+        **columns,
+    )
+    if inspect.isawaitable(output):
+        output = asyncio.run(output)
+    return output
 
 
 def _is_chat(prompt: Any) -> bool:
