@@ -432,6 +432,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in TRAINING_COMMANDS and not isinstance(stdout, OutlivesItsReader):
         sys.stdout = OutlivesItsReader(stdout)
     try:
+        if args.command not in TRAINING_COMMANDS:  # only the training commands run data parallel
+            from posttrain.distributed import single_process_only
+
+            single_process_only(args.command)
         return args.handler(args)
     except PosttrainError as error:
         if args.debug:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from posttrain.cli import build_parser, demo_rl_overrides
+from posttrain.cli import build_parser, demo_rl_overrides, main
 from posttrain.data.tasks.reverse import make_rows, reverse_reward, split_names
 from posttrain.demo import DemoConfig
 from posttrain.evaluate import evaluate
@@ -143,3 +143,15 @@ def test_a_reader_that_goes_away_does_not_stop_training(tmp_path):
     _, err = child.communicate(timeout=300)
     assert child.returncode == 0, err.decode()[-2000:]
     assert (tmp_path / "run" / "final" / "config.json").is_file()
+
+
+@pytest.mark.parametrize("command", [["eval", "--model", "x", "--task", "reverse"], ["demo", "--rl-steps", "1"]])
+def test_a_command_without_data_parallel_under_torchrun_is_one_message(command, monkeypatch, tmp_path, capsys):
+    """A newcomer's first hour, defect 6: distributed.single_process_only was never called, so torchrun
+    started N copies of eval or the demo, each writing the same files."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert "not a data parallel command yet" in err and f"python -m posttrain {command[0]}" in err
+    assert not any(tmp_path.iterdir())  # nothing was written
