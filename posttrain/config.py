@@ -173,10 +173,11 @@ def _shown(item: str, limit: int = 120) -> str:
 
 
 def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    """Recursive dict merge; ``update`` wins, nested sections merge key by key."""
+    """Recursive dict merge; ``update`` wins, nested sections merge key by key, and an empty mapping
+    (``algorithm.loss_options={}``) clears what the layers below set: ``{}`` means none."""
     merged = dict(base)
     for key, value in update.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+        if isinstance(value, Mapping) and value and isinstance(merged.get(key), Mapping):
             merged[key] = deep_merge(merged[key], value)
         else:
             merged[key] = value

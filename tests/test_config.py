@@ -204,3 +204,17 @@ def test_anchors_and_merge_keys_of_a_normal_config_still_load(tmp_path):
     assert load_yaml("a: &a [1, 2]\nb: [*a, *a]\n") == {"a": [1, 2], "b": [[1, 2], [1, 2]]}
     with pytest.raises(Exception, match="expands to more than"):
         load_yaml("a: &a [1, *a]\n")  # refers to itself: infinite once expanded
+
+
+def test_an_empty_mapping_clears_what_a_preset_set():
+    """A newcomer's first hour, defect 4: `algorithm.loss_options={}` merged into PPO's {clip_low: 0.2},
+    so switching the loss to pg was refused with "'pg' has no option clip_low"."""
+    from posttrain.train.rl_config import load_rl_config
+
+    base = ["model.tiny.layers=1", "data.task=reverse", "algorithm=ppo"]
+    assert load_rl_config(None, base).algorithm.loss_options == {"clip_low": 0.2}
+    config = load_rl_config(None, [*base, "algorithm.policy_loss=pg", "algorithm.loss_options={}"])
+    assert config.algorithm.policy_loss == "pg" and config.algorithm.loss_options == {}
+    # a non-empty mapping still merges key by key
+    merged = load_rl_config(None, [*base, "algorithm.loss_options={clip_high: 0.28}"]).algorithm.loss_options
+    assert merged == {"clip_low": 0.2, "clip_high": 0.28}

@@ -295,7 +295,7 @@ def rl_config_layers(
     update = parse_overrides(overrides)
     if "preset" in update.get("algorithm", {}):
         # a new preset on the command line replaces the file's algorithm section entirely
-        raw = {**raw, "algorithm": {}}
+        raw = {key: value for key, value in raw.items() if key != "algorithm"}
     layers: list[tuple[str, dict[str, Any]]] = []
     algorithm = deep_merge(raw, update).get("algorithm")
     if isinstance(algorithm, dict) and algorithm.get("preset"):
