@@ -62,7 +62,7 @@ def _train(args: argparse.Namespace) -> int:
         return _show_config(args, config_cls, describe)
     if args.resume is not None:
         args.overrides.append(f"resume={args.resume}")
-    config = load(config_cls, args.config, args.overrides)
+    config = _load_or_say_where_to_start(args, lambda: load(config_cls, args.config, args.overrides))
     args.output_dir = config.output_dir  # named by the Ctrl-C message
     from posttrain.run.run_header import run_header
     from posttrain.telemetry.headline import closing_lines
@@ -90,6 +90,31 @@ def _train(args: argparse.Namespace) -> int:
             print(f"[{args.command}] {line}")
         print(f"[{args.command}] done: model {config.output_dir}/final, report {config.output_dir}/report.html")
     return 0
+
+
+# the repository's config each command can start from (what the README and docs/training.md run)
+STARTING_CONFIG = {
+    "rl": "configs/reverse_grpo.yaml  (after make demo: its model.path is runs/demo/sft/final)",
+    "sft": "configs/reverse_sft.yaml",
+    "rm": "configs/preference_rm.yaml",
+    "dpo": "configs/rlhf_dpo.yaml  (after its SFT stage: docs/examples.md, RLHF)",
+}
+
+
+def _load_or_say_where_to_start(args: argparse.Namespace, load: Callable[[], Any]) -> Any:
+    """The command's config; without a file, a config lacking its model or data says where to start."""
+    from posttrain.config import ConfigError
+
+    try:
+        return load()
+    except ConfigError as error:
+        if args.config is not None or not re.search(r"  - (model|data) is missing", str(error)):
+            raise
+        raise ConfigError(
+            f"{error}\nStart from a config: posttrain {args.command} --config {STARTING_CONFIG[args.command]}; or name "
+            "both: model.path=<a model folder or Hub id> (or model.tiny={}) and data.path=<a .jsonl file> (or "
+            "data.task=reverse)"
+        ) from None
 
 
 def _show_config(args: argparse.Namespace, config_cls: type, describe: Callable) -> int:

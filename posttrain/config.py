@@ -233,6 +233,11 @@ def _explain(config_cls: type[Section], item: Mapping[str, Any]) -> str:
     across_fields = item["type"] == "value_error" and isinstance(item.get("input"), Mapping)
     if not loc or across_fields:  # a section's own check; its message names the fields
         return str(item["msg"]).removeprefix("Value error, ")
+    if item["type"] == "missing":  # say what the key is, from its own documentation
+        parent = _section_at(config_cls, [str(p) for p in loc[:-1]])
+        field = parent.model_fields.get(str(loc[-1])) if parent else None
+        meaning = (field.description or "").split("\n")[0].strip() if field else ""
+        return f"{dotted} is missing" + (f": {meaning}" if meaning else "")
     value = item.get("input")
     shown = repr(value) if not isinstance(value, Mapping) else "a mapping"
     return f"{dotted} = {shown}: {item['msg']}"

@@ -155,3 +155,16 @@ def test_a_command_without_data_parallel_under_torchrun_is_one_message(command, 
     err = capsys.readouterr().err
     assert "not a data parallel command yet" in err and f"python -m posttrain {command[0]}" in err
     assert not any(tmp_path.iterdir())  # nothing was written
+
+
+STARTING_CONFIG = {"rl": "configs/reverse_grpo.yaml", "sft": "configs/reverse_sft.yaml", "dpo": "configs/rlhf_dpo.yaml"}
+
+
+@pytest.mark.parametrize("command", sorted(STARTING_CONFIG))
+def test_a_command_without_a_model_or_data_says_what_is_missing_in_words(command, capsys):
+    """A newcomer's first hour, item 11: `posttrain rl steps=3` said `model = a mapping: Field required`."""
+    assert main([command, "steps=3"]) == 2
+    err = capsys.readouterr().err
+    assert "Field required" not in err and "Traceback" not in err
+    assert "model is missing: " in err and "data is missing: " in err
+    assert f"--config {STARTING_CONFIG[command]}" in err and "model.path=" in err and "data.path=" in err
