@@ -232,7 +232,10 @@ def load_training_state(
         where = str(path / f"{STATE_STEM}.json")
     check_state(state, where, checkpoint_step(path, manifest, path / MARKER), fields)  # tensors where mappings were
     if restore_rng:
-        restore_rng_state(state["rng"])
+        try:
+            restore_rng_state(state["rng"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as error:  # the generators' states, altered
+            raise CheckpointError(f"{where}: 'rng' holds no random generators' states ({error!r:.80})") from None
     return state
 
 

@@ -32,6 +32,7 @@ StateFields = Mapping[str, "type | tuple[type, ...]"]
 SAVED_FIELDS: StateFields = MappingProxyType({"step": int, "rng": dict})
 """What ``checkpoint.save_checkpoint`` writes into every training state, whatever the loop."""
 NO_FIELDS: StateFields = MappingProxyType({})
+RNG_STATES = ("python", "numpy", "torch")  # the generators whose states every save keeps
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 KINDS = {dict: "a mapping", int: "a whole number", float: "a number", list: "a list", str: "a string"}
@@ -103,6 +104,9 @@ def check_state(state: Any, where: str, step: int | None, fields: StateFields = 
             raise CheckpointError(
                 f"{where}: {field!r} is {_kind(value)} ({value!r:.60}), where a save writes {wanted}; it was altered"
             )
+    missing = [name for name in RNG_STATES if name not in state["rng"]]
+    if missing:
+        raise CheckpointError(f"{where}: 'rng' lacks the {', '.join(missing)} generator's state; it was altered")
     if step is not None and state["step"] != step:
         folder = f"step-{step}"
         raise CheckpointError(

@@ -169,3 +169,22 @@ def test_a_checkpoint_config_that_is_no_mapping_is_refused_naming_it(run, capsys
     resign(checkpoint)
     err = refused(command, folder, str(checkpoint), capsys)
     assert "config.yaml" in err
+
+
+@pytest.mark.parametrize("rng", [{}, {"python": [1, 2]}], ids=repr)
+def test_random_states_lacking_a_generator_are_refused_naming_them(run, capsys, rng):
+    command, folder = run
+    checkpoint = folder / "checkpoints" / "step-2"
+    tamper_state(checkpoint, lambda state: state.update(rng=rng))
+    err = refused(command, folder, str(checkpoint), capsys)
+    assert "'rng' lacks the" in err and f"{STATE_STEM}.json" in err
+
+
+def test_random_states_of_the_wrong_kind_are_one_message(run, capsys):
+    command, folder = run
+    checkpoint = folder / "checkpoints" / "step-2"
+    tamper_state(checkpoint, lambda state: state.update(rng={"python": 5, "numpy": 5, "torch": 5}))
+    capsys.readouterr()
+    assert main([*command, "steps=4", f"output_dir={folder}", "--resume", str(checkpoint)]) == 2
+    err = capsys.readouterr().err
+    assert "'rng' holds no random generators' states" in err and "Traceback" not in err
