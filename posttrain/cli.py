@@ -93,12 +93,18 @@ def _train(args: argparse.Namespace) -> int:
 
 
 # the repository's config each command can start from (what the README and docs/training.md run)
-STARTING_CONFIG = {
-    "rl": "configs/reverse_grpo.yaml  (after make demo: its model.path is runs/demo/sft/final)",
+EXAMPLE_CONFIG = {
+    "rl": "configs/reverse_grpo.yaml",
     "sft": "configs/reverse_sft.yaml",
     "rm": "configs/preference_rm.yaml",
-    "dpo": "configs/rlhf_dpo.yaml  (after its SFT stage: docs/examples.md, RLHF)",
+    "dpo": "configs/rlhf_dpo.yaml",
 }
+STARTING_CONFIG = {
+    **EXAMPLE_CONFIG,
+    "rl": f"{EXAMPLE_CONFIG['rl']}  (after make demo: its model.path is runs/demo/sft/final)",
+    "dpo": f"{EXAMPLE_CONFIG['dpo']}  (after its SFT stage: docs/examples.md, RLHF)",
+}
+OPTIONS_WIDTH = 120  # columns of an --options line
 
 
 def _load_or_say_where_to_start(args: argparse.Namespace, load: Callable[[], Any]) -> Any:
@@ -125,15 +131,31 @@ def _show_config(args: argparse.Namespace, config_cls: type, describe: Callable)
     if args.print_config:
         print("\n".join(print_config_lines(*resolved_with_origins(args.command, args.config, args.overrides))))
         return 0
-    given = layered_values(args.command, args.config, args.overrides)
+    # `--options kl`: bare words filter the keys; key=value words resolve the config as usual
+    words = [item for item in args.overrides if "=" not in item]
+    overrides = [item for item in args.overrides if "=" in item]
+    given = layered_values(args.command, args.config, overrides)
     for key, default, doc in describe(config_cls):
+        if words and not any(word in key for word in words):
+            continue
         value, origin = given.get(key, (None, "default"))
         inside = {k[len(key) + 1 :]: v for k, v in given.items() if k.startswith(f"{key}.")}  # a free-form mapping
         if inside:
             value, origin = {k: v for k, (v, _) in inside.items()}, ", ".join(sorted({o for _, o in inside.values()}))
         value = default if origin == "default" else shown(value)
-        print(f"{key:<34} {value:<22} {doc}" if not given else f"{key:<34} {value:<22} {origin:<18} {doc}")
+        print(_option_line(f"{key:<34} {value:<22} " + ("" if not given else f"{origin:<18} "), doc))
     return 0
+
+
+def _option_line(head: str, doc: str) -> str:
+    """One ``--options`` row within :data:`OPTIONS_WIDTH` columns: the doc wrapped under itself (on
+    the next line when the key and value take most of the width)."""
+    import textwrap
+
+    indent = min(len(head), 60)
+    lines = textwrap.wrap(doc, width=OPTIONS_WIDTH - indent) or [""]
+    first = head + lines[0] if len(head) <= indent else head.rstrip() + "\n" + " " * indent + lines[0]
+    return "\n".join([first, *(" " * indent + line for line in lines[1:])]).rstrip()
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -223,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
             description=f"{summary}. Options come from --config and "
             "dotted key=value overrides; --options lists them all.",
         )
-        sub.add_argument("--config", help="a YAML config file (e.g. configs/reverse_sft.yaml)")
+        sub.add_argument("--config", help=f"a YAML config file (e.g. {EXAMPLE_CONFIG[name]})")
         sub.add_argument("--resume", help='"auto" (newest complete checkpoint in output_dir) or a checkpoint path')
         sub.add_argument(
             "--options",

@@ -46,11 +46,16 @@ def test_print_config_names_each_value_s_origin_and_reads_back_as_the_config(cap
     assert yaml.safe_load(text) == expected
 
 
+def option_rows(text: str) -> list[str]:
+    """The rows of ``--options``: a wrapped meaning continues on lines that start with spaces."""
+    return [line for line in text.splitlines() if line and not line[0].isspace()]
+
+
 def test_options_show_a_preset_s_values_with_their_origin(capsys):
     assert main(["rl", "--options"]) == 0
-    plain = {line.split()[0]: line.split()[1] for line in capsys.readouterr().out.splitlines()}
+    plain = {line.split()[0]: line.split()[1] for line in option_rows(capsys.readouterr().out)}
     assert main(["rl", "--options", "algorithm=ppo"]) == 0
-    rows = {line.split()[0]: line.split()[1:4] for line in capsys.readouterr().out.splitlines()}
+    rows = {line.split()[0]: line.split()[1:4] for line in option_rows(capsys.readouterr().out)}
     assert plain["algorithm.advantage"] == "'grpo'"
     assert rows["algorithm.advantage"][:3] == ["gae", "preset", "ppo"]
     assert rows["algorithm.advantage_options"][:2] == ["{gamma:", "1.0,"]
@@ -101,3 +106,23 @@ def test_diff_of_something_else_is_one_message(capsys):
     assert main(["diff", "no_such_thing", "grpo"]) == 2
     err = capsys.readouterr().err
     assert "'no_such_thing' is not a run folder" in err and "Traceback" not in err
+
+
+
+@pytest.mark.parametrize("command", ["rl", "sft", "rm", "dpo"])
+def test_options_fit_120_columns_and_bare_words_filter_the_keys(capsys, command):
+    """A newcomer's first hour, item 11: `posttrain rl --options kl` was refused as a malformed override,
+    and 107 lines of `rl --options` ran past 120 columns."""
+    assert main([command, "--options"]) == 0
+    text = capsys.readouterr().out
+    assert max(len(line) for line in text.splitlines()) <= 120
+    assert main([command, "--options", "lr", "learning"]) == 0
+    keys = [line.split()[0] for line in option_rows(capsys.readouterr().out)]
+    assert keys and all("lr" in key or "learning" in key for key in keys)
+    assert any(key == "learning_rate" for key in keys)
+
+
+def test_rl_help_gives_an_rl_config_as_its_example(capsys):
+    with pytest.raises(SystemExit):
+        main(["rl", "--help"])
+    assert "configs/reverse_grpo.yaml" in capsys.readouterr().out
