@@ -62,7 +62,12 @@ def _train(args: argparse.Namespace) -> int:
         return _show_config(args, config_cls, describe)
     if args.resume is not None:
         args.overrides.append(f"resume={args.resume}")
-    config = _load_or_say_where_to_start(args, lambda: load(config_cls, args.config, args.overrides))
+    from posttrain.train.config_view import load_or_say_where_to_start
+
+    def read() -> Any:
+        return load(config_cls, args.config, args.overrides)
+
+    config = load_or_say_where_to_start(args.command, args.config, read)
     args.output_dir = config.output_dir  # named by the Ctrl-C message
     from posttrain.run.run_header import run_header
     from posttrain.telemetry.headline import closing_lines
@@ -93,40 +98,18 @@ def _train(args: argparse.Namespace) -> int:
 
 
 # the repository's config each command can start from (what the README and docs/training.md run)
-EXAMPLE_CONFIG = {
-    "rl": "configs/reverse_grpo.yaml",
-    "sft": "configs/reverse_sft.yaml",
-    "rm": "configs/preference_rm.yaml",
-    "dpo": "configs/rlhf_dpo.yaml",
-}
-STARTING_CONFIG = {
-    **EXAMPLE_CONFIG,
-    "rl": f"{EXAMPLE_CONFIG['rl']}  (after make demo: its model.path is runs/demo/sft/final)",
-    "dpo": f"{EXAMPLE_CONFIG['dpo']}  (after its SFT stage: docs/examples.md, RLHF)",
-}
-OPTIONS_WIDTH = 120  # columns of an --options line
-
-
-def _load_or_say_where_to_start(args: argparse.Namespace, load: Callable[[], Any]) -> Any:
-    """The command's config; without a file, a config lacking its model or data says where to start."""
-    from posttrain.config import ConfigError
-
-    try:
-        return load()
-    except ConfigError as error:
-        if args.config is not None or not re.search(r"  - (model|data) is missing", str(error)):
-            raise
-        raise ConfigError(
-            f"{error}\nStart from a config: posttrain {args.command} --config {STARTING_CONFIG[args.command]}; or name "
-            "both: model.path=<a model folder or Hub id> (or model.tiny={}) and data.path=<a .jsonl file> (or "
-            "data.task=reverse)"
-        ) from None
 
 
 def _show_config(args: argparse.Namespace, config_cls: type, describe: Callable) -> int:
     """``--print-config``: the resolved config with origins; ``--options``: every key's default
     and meaning, or given a config, its resolved value and origin."""
-    from posttrain.train.config_view import layered_values, print_config_lines, resolved_with_origins, shown
+    from posttrain.train.config_view import (
+        layered_values,
+        option_line,
+        print_config_lines,
+        resolved_with_origins,
+        shown,
+    )
 
     if args.print_config:
         print("\n".join(print_config_lines(*resolved_with_origins(args.command, args.config, args.overrides))))
@@ -143,19 +126,8 @@ def _show_config(args: argparse.Namespace, config_cls: type, describe: Callable)
         if inside:
             value, origin = {k: v for k, (v, _) in inside.items()}, ", ".join(sorted({o for _, o in inside.values()}))
         value = default if origin == "default" else shown(value)
-        print(_option_line(f"{key:<34} {value:<22} " + ("" if not given else f"{origin:<18} "), doc))
+        print(option_line(f"{key:<34} {value:<22} " + ("" if not given else f"{origin:<18} "), doc))
     return 0
-
-
-def _option_line(head: str, doc: str) -> str:
-    """One ``--options`` row within :data:`OPTIONS_WIDTH` columns: the doc wrapped under itself (on
-    the next line when the key and value take most of the width)."""
-    import textwrap
-
-    indent = min(len(head), 60)
-    lines = textwrap.wrap(doc, width=OPTIONS_WIDTH - indent) or [""]
-    first = head + lines[0] if len(head) <= indent else head.rstrip() + "\n" + " " * indent + lines[0]
-    return "\n".join([first, *(" " * indent + line for line in lines[1:])]).rstrip()
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -225,6 +197,8 @@ def at_least(low: int) -> Callable[[str], int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from posttrain.train.config_view import EXAMPLE_CONFIG
+
     presets = ", ".join(preset_names()) or "(none found in ./configs)"
     parser = argparse.ArgumentParser(
         prog="posttrain",

@@ -10,13 +10,14 @@ last layer that wrote its key (or a section holding it); a value no layer wrote 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from posttrain.config import deep_merge, parse_overrides, read_yaml, validate_config
+from posttrain.config import ConfigError, deep_merge, parse_overrides, read_yaml, validate_config
 from posttrain.errors import PosttrainError
 
 DEFAULT = "default"
@@ -156,3 +157,45 @@ def differences(first: Mapping[str, Any], second: Mapping[str, Any]) -> list[tup
         for key, a, b in rows
         if json.dumps(a, sort_keys=True, default=str) != json.dumps(b, sort_keys=True, default=str)
     ]
+
+
+OPTIONS_WIDTH = 120  # columns of an --options line
+
+
+def option_line(head: str, doc: str) -> str:
+    """One ``--options`` row within :data:`OPTIONS_WIDTH` columns: the doc wrapped under itself (on
+    the next line when the key and value take most of the width)."""
+    import textwrap
+
+    indent = min(len(head), 60)
+    lines = textwrap.wrap(doc, width=OPTIONS_WIDTH - indent) or [""]
+    first = head + lines[0] if len(head) <= indent else head.rstrip() + "\n" + " " * indent + lines[0]
+    return "\n".join([first, *(" " * indent + line for line in lines[1:])]).rstrip()
+
+
+EXAMPLE_CONFIG = {
+    "rl": "configs/reverse_grpo.yaml",
+    "sft": "configs/reverse_sft.yaml",
+    "rm": "configs/preference_rm.yaml",
+    "dpo": "configs/rlhf_dpo.yaml",
+}
+# the repository's config each training command can start from (what the README and docs run)
+STARTING_CONFIG = {
+    **EXAMPLE_CONFIG,
+    "rl": f"{EXAMPLE_CONFIG['rl']}  (after make demo: its model.path is runs/demo/sft/final)",
+    "dpo": f"{EXAMPLE_CONFIG['dpo']}  (after its SFT stage: docs/examples.md, RLHF)",
+}
+
+
+def load_or_say_where_to_start(command: str, config_file: str | None, load: Callable[[], Any]) -> Any:
+    """The command's config; without a file, a config lacking its model or data says where to start."""
+    try:
+        return load()
+    except ConfigError as error:
+        if config_file is not None or not re.search(r"  - (model|data) is missing", str(error)):
+            raise
+        raise ConfigError(
+            f"{error}\nStart from a config: posttrain {command} --config {STARTING_CONFIG[command]}; or name "
+            "both: model.path=<a model folder or Hub id> (or model.tiny={}) and data.path=<a .jsonl file> (or "
+            "data.task=reverse)"
+        ) from None
