@@ -11,17 +11,29 @@ from typing import Any
 
 from posttrain.envs.episode import Episode, EpisodeLimits, encode_text
 from posttrain.envs.tool_formats import ToolCall, resolve_format
+from posttrain.models.chat import chat_prompt_ids
 
 
 def conversation_example(
-    tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[dict[str, Any]] | None = None
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    tools: Sequence[dict[str, Any]] | None = None,
+    max_tokens: int | None = None,
 ) -> tuple[list[int], list[int]]:
     """(token ids, loss mask) of a whole conversation for SFT, every assistant turn trained (its
     text and the stop token, mask 1) and every other token context (mask 0): TRL's
     ``assistant_only_loss``, built by the episode assembly RL uses, so a cold start on recorded
     episodes (tool calls and their results included) teaches the tokens RL then samples, in the
     context RL shows — and a template that rewrites history is refused naming the turn.
-    ``tools``: the schemas the template lists, as the ``tools`` environment gives them."""
+    ``tools``: the schemas the template lists, as the ``tools`` environment gives them.
+
+    Assembling renders the conversation up to each turn, so its cost grows with the square of
+    its turns (800 short turns: a minute). With ``max_tokens`` the row is measured first by one
+    rendering — the last turn's prompt, its text and the stop token; the assembled sequence is
+    that plus any stop token the template does not write after an earlier turn — and one longer
+    is returned as measured, nothing trained, unassembled: the caller refuses or skips the row by
+    its length (``data/lengths.py``)."""
     roles = [message.get("role") for message in messages]
     if "assistant" not in roles:
         raise ValueError("a conversation for SFT needs at least one assistant message")
@@ -31,11 +43,19 @@ def conversation_example(
     turns = roles.count("assistant")
     limits = EpisodeLimits(max_new_tokens=1 << 30, max_turns=turns)
     episode = Episode.start(tokenizer, [dict(m) for m in messages[:first]], limits, tools=tools)
+    stop = sorted(episode.stop_token_ids)[:1]
     writer = _call_writer(tokenizer) if any(m.get("tool_calls") for m in messages) else None
+    texts = {index: assistant_text(messages[index], writer) for index, role in enumerate(roles) if role == "assistant"}
+    if max_tokens is not None:
+        last = max(texts)  # the sequence is the prompt of the last turn, its text and the stop token
+        before = [{"role": "assistant", "content": texts[i]} if i in texts else dict(m) for i, m in enumerate(messages)]
+        prompt = chat_prompt_ids(tokenizer, before[:last], tools=tools)
+        measured = [*prompt, *encode_text(tokenizer, texts[last]), *stop]
+        if len(measured) > max_tokens:
+            return measured, [0] * len(measured)
     index = first
     while index < len(messages):
-        text = assistant_text(messages[index], writer)
-        episode.add_turn([*encode_text(tokenizer, text), *sorted(episode.stop_token_ids)[:1]])
+        episode.add_turn([*encode_text(tokenizer, texts[index]), *stop])
         following = index + 1
         while following < len(messages) and roles[following] != "assistant":
             following += 1
@@ -69,4 +89,3 @@ def _call_writer(tokenizer: Any) -> Any:
     """The tool-call format the tokenizer's chat template is written for (or its response template)."""
     templates = getattr(tokenizer, "chat_template", None), getattr(tokenizer, "response_template", None)
     return resolve_format("auto", *templates)
-

@@ -369,6 +369,8 @@ def replay_actions(
 
 def _first_difference(prefix: Sequence[int], ids: Sequence[int]) -> int | None:
     """None when ``ids`` starts with ``prefix``, else the first position where they differ."""
+    if len(prefix) <= len(ids) and list(ids[: len(prefix)]) == list(prefix):  # compared in C, the usual case
+        return None
     for position, token in enumerate(prefix):
         if position >= len(ids) or ids[position] != token:
             return position

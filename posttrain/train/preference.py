@@ -56,7 +56,8 @@ class RewardModelObjective:
     def __init__(self, model: nn.Module, tokenizer: Any, *, center_coef: float = 0.0) -> None:
         self.model, self.tokenizer, self.center_coef = model, tokenizer, center_coef
 
-    def encode(self, row: Mapping[str, Any]) -> PairExample:
+    def encode(self, row: Mapping[str, Any], max_tokens: int | None = None) -> PairExample:
+        # a pair is two renderings, linear in its length: nothing for ``max_tokens`` to save
         return encode_pair(self.tokenizer, row)
 
     def units(self, examples: Sequence[PairExample]) -> float:
@@ -132,7 +133,8 @@ class DPOObjective:
             reference = copy.deepcopy(model).eval().requires_grad_(False)
         self.reference = reference if reference is not None else model
 
-    def encode(self, row: Mapping[str, Any]) -> PairExample:
+    def encode(self, row: Mapping[str, Any], max_tokens: int | None = None) -> PairExample:
+        # a pair is two renderings, linear in its length: nothing for ``max_tokens`` to save
         return encode_pair(self.tokenizer, row)
 
     def units(self, examples: Sequence[PairExample]) -> float:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -164,12 +165,12 @@ def encode_within_context(
     from posttrain.data.lengths import context_limit, drop_overlong
 
     source = data_source(section, held_out)
-    examples = encode_rows(objective.encode, rows, source)
-    lengths = [max(len(ids) for ids, _ in _sequences(example)) for example in examples]
-    what = f"{'held-out ' if held_out else ''}rows of {source}"
     limit, limit_name = context_limit(objective.model), "the model's context"
     if max_length is not None and (limit is None or max_length < limit):
         limit, limit_name = max_length, "max_length"
+    examples = encode_rows(partial(objective.encode, max_tokens=limit), rows, source)
+    lengths = [max(len(ids) for ids, _ in _sequences(example)) for example in examples]
+    what = f"{'held-out ' if held_out else ''}rows of {source}"
     return drop_overlong(examples, lengths, limit, what=what, on_bad_row=section.on_bad_row, limit_name=limit_name)
 
 

@@ -97,14 +97,15 @@ class SFTObjective:
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, packing: bool = False) -> None:
         self.model, self.tokenizer, self.packing = model, tokenizer, packing
 
-    def encode(self, row: Mapping[str, Any]) -> Example:
+    def encode(self, row: Mapping[str, Any], max_tokens: int | None = None) -> Example:
         """Prompt/completion rows, or conversations (``messages``, optionally with ``tools``
         schemas): then every assistant turn is trained — a tool call as a final answer — and
-        everything else is context (``envs/conversation.py``)."""
+        everything else is context (``envs/conversation.py``). A conversation longer than
+        ``max_tokens`` is measured, not assembled: the caller refuses or skips it by its length."""
         if "messages" in row:
             from posttrain.envs.conversation import conversation_example
 
-            return conversation_example(self.tokenizer, row["messages"], tools=row.get("tools"))
+            return conversation_example(self.tokenizer, row["messages"], tools=row.get("tools"), max_tokens=max_tokens)
         return encode_row(self.tokenizer, row["prompt"], row["completion"])
 
     def units(self, examples: Sequence[Any]) -> float:

@@ -92,3 +92,56 @@ def test_a_call_turn_in_openai_form_passes_the_data_check_and_a_malformed_one_is
         bad = {"messages": [CONVERSATION[0], {"role": "assistant", "content": "", "tool_calls": [bad_call]}]}
         with pytest.raises(DataError, match=f"row 0, field 'messages': message 1, {shown}"):
             validate_rows([bad], source="calls.jsonl", data_format="conversational")
+
+
+def _long_conversation(turns: int) -> list[dict]:
+    conversation = [CONVERSATION[0]]
+    for _ in range(turns):
+        conversation += [{"role": "assistant", "content": CALL}, {"role": "tool", "content": "5", "name": "add"}]
+    return [*conversation, CONVERSATION[-1]]
+
+
+def _counting_renders(tokenizer) -> list[int]:
+    renders = [0]
+    render = tokenizer.apply_chat_template
+
+    def counted(*args, **kwargs):
+        renders[0] += 1
+        return render(*args, **kwargs)
+
+    tokenizer.apply_chat_template = counted
+    return renders
+
+
+@pytest.mark.parametrize("stop_written", [False, True], ids=["bare eos", "template writes the stop"])
+def test_the_measured_length_is_the_assembled_one_or_below_and_the_limit_is_exact(tokenizer, stop_written):
+    if stop_written:  # the template ends each assistant turn with the stop token the turn samples
+        tokenizer.chat_template = tokenizer.chat_template.replace("<|im_end|>", "<eos>")
+        assert "<eos>" in tokenizer.chat_template
+    conversation = _long_conversation(3)
+    ids, mask = conversation_example(tokenizer, conversation, tools=TOOLS)
+    assert conversation_example(tokenizer, conversation, tools=TOOLS, max_tokens=len(ids)) == (ids, mask)
+    measured, nothing = conversation_example(tokenizer, conversation, tools=TOOLS, max_tokens=1)
+    assert not any(nothing) and len(nothing) == len(measured)
+    # the bare <eos> after each of the 4 turns but the last is one token the template does not write
+    assert len(measured) == len(ids) - (0 if stop_written else 4 - 1)
+    assert measured == ids if stop_written else len(measured) < len(ids)
+
+
+def test_a_conversation_longer_than_max_length_is_measured_once_not_assembled(tokenizer, tmp_path):
+    """Hardening 3, item 5: agent-SFT encoding was quadratic in a row's turns (800 turns: 23 s,
+    110x the time of 75), every turn rendering the whole conversation twice, before the row was
+    refused as longer than the context anyway: now it is measured by one rendering first."""
+    from posttrain.data import DataError
+    from posttrain.train.recipes import DataSection, encode_within_context
+
+    renders = _counting_renders(tokenizer)
+    objective = SFTObjective(None, tokenizer)
+    rows = [{"messages": _long_conversation(800), "tools": TOOLS}]
+    section = DataSection(path=str(tmp_path / "agent.jsonl"))
+    with pytest.raises(DataError, match=r"1 of 1 rows of .*agent.jsonl are longer than max_length of 4096 tokens"):
+        encode_within_context(objective, rows, section, max_length=4096)
+    assert renders[0] <= 2  # the first turn's prompt and the measurement; assembling rendered 1,600 times
+    renders[0] = 0
+    ids, _ = objective.encode({"messages": _long_conversation(3), "tools": TOOLS}, max_tokens=4096)
+    assert renders[0] == 2 + 2 * 3 and len(ids) < 4096  # one that fits is assembled as before
