@@ -108,7 +108,6 @@ def test_diff_of_something_else_is_one_message(capsys):
     assert "'no_such_thing' is not a run folder" in err and "Traceback" not in err
 
 
-
 @pytest.mark.parametrize("command", ["rl", "sft", "rm", "dpo"])
 def test_options_fit_120_columns_and_bare_words_filter_the_keys(capsys, command):
     """A newcomer's first hour, item 11: `posttrain rl --options kl` was refused as a malformed override,
