@@ -29,24 +29,18 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-import threading
 import typing
 from collections.abc import Callable
 from typing import Any
 
 from posttrain.envs.base import EnvSpecError, Observation, in_daemon_thread, register_environment
 from posttrain.envs.python_tool import ToolSandboxError
+from posttrain.envs.sync_tool_calls import SYNC_CALLS_AT_ONCE, ToolExited, released_after, try_to_start_sync_call
 from posttrain.envs.tool_formats import ParsedTurn, ToolCall, parse_turn, resolve_format
 from posttrain.user_code import import_named
 
 TOOLS_OFF_REPLY = "error: the tools are off in this conversation; answer without them"
 
-# Sync tools run in a daemon thread each (envs/base.py in_daemon_thread), never in a thread pool: a
-# pool's workers are joined at exit, so one tool that never returns hung the trainer after `done`,
-# and a few such tools held every worker, timing out each later call. A thread that never returns
-# is kept; at most SYNC_CALLS_AT_ONCE are, then calls are answered with an error instead.
-SYNC_CALLS_AT_ONCE = 64
-_sync_calls = threading.BoundedSemaphore(SYNC_CALLS_AT_ONCE)
 JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
 
 
@@ -236,14 +230,14 @@ class ToolsEnvironment:
         try:
             if inspect.iscoroutinefunction(function):
                 result = await asyncio.wait_for(function(**arguments), self.timeout_s)
-            elif not _sync_calls.acquire(blocking=False):
+            elif not try_to_start_sync_call():
                 self.counts["errors"] += 1
                 return f"error: {call.name} was not run: {SYNC_CALLS_AT_ONCE} tool calls are still running"
             else:
-                result = await asyncio.wait_for(in_daemon_thread(_released_after(function), arguments), self.timeout_s)
+                result = await asyncio.wait_for(in_daemon_thread(released_after(function), arguments), self.timeout_s)
         except ToolExited as exit:  # the tool's own way out, not the run's
             self.counts["errors"] += 1
-            return f"error: {call.name} called sys.exit({exit.code!r})"
+            return f"error: {call.name} called {exit.how}({exit.code!r})"
         except asyncio.TimeoutError:
             self.counts["errors"] += 1
             return f"error: {call.name} did not answer within {self.timeout_s:g} s"
@@ -272,25 +266,3 @@ class ToolsEnvironment:
             if call.id:
                 message["tool_call_id"] = call.id
         return message
-
-
-class ToolExited(Exception):
-    """A sync tool called ``sys.exit``: answered to the model as the tool's error."""
-
-    def __init__(self, code: Any) -> None:
-        super().__init__(f"sys.exit({code!r})")
-        self.code = code
-
-
-def _released_after(function: Callable[..., Any]) -> Callable[[dict[str, Any]], Any]:
-    """``function(**arguments)``, giving its place among the sync calls back when it returns."""
-
-    def call(arguments: dict[str, Any]) -> Any:
-        try:
-            return function(**arguments)
-        except SystemExit as exit:  # would end the event loop it is handed to, and so the run
-            raise ToolExited(exit.code) from None
-        finally:
-            _sync_calls.release()
-
-    return call

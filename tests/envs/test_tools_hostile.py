@@ -8,6 +8,7 @@ run; a tool may be a ``functools.partial``; options of the wrong kind are one me
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
 import textwrap
@@ -32,6 +33,22 @@ def stuck(x: int) -> int:
 
 def exits(code: int) -> int:
     sys.exit(code)
+
+
+def exits_at_once(code: int) -> int:
+    try:
+        os._exit(code)
+    except Exception:  # a tool swallowing every error does not swallow its own exit
+        return -1
+    return -2
+
+
+def forks_a_child_that_exits(code: int) -> int:
+    """os._exit in a process forked from the tool's thread exits that process, as always."""
+    child = os.fork()
+    if child == 0:
+        os._exit(code)
+    return os.waitpid(child, 0)[1] >> 8
 
 
 def add(a: int, b: int) -> int:
@@ -72,6 +89,42 @@ def test_a_tool_calling_sys_exit_is_its_error_answered_to_the_model():
     assert "exits" in replies[0]["content"] and "sys.exit(0)" in replies[0]["content"]
     assert replies[1]["content"] == "3" and not done
     assert env.episode_metrics()["tools/error_fraction"] == 0.5
+
+
+ON_ONE_LOOP_AT_ONCE = textwrap.dedent(
+    """
+    import asyncio, os
+    from posttrain.envs.tool_formats import ToolCall
+    from tests.envs.test_tools_env import tools_env, turn
+    env = tools_env("exits_at_once", "add", module="tests.envs.test_tools_hostile")
+    env.reset({"prompt": "go"})
+    loop = asyncio.new_event_loop()
+    replies, _, _ = loop.run_until_complete(env.step(turn(ToolCall("exits_at_once", {"code": 0}))))
+    print("reply:", replies[0]["content"], flush=True)
+    replies, _, _ = loop.run_until_complete(env.step(turn(ToolCall("add", {"a": 2, "b": 3}))))
+    print("answer:", replies[0]["content"], env.episode_metrics()["tools/error_fraction"], flush=True)
+    os._exit(3)  # the trainer's own os._exit still ends the process
+    """
+)
+
+
+def test_a_tool_calling_os_exit_is_its_error_and_the_run_goes_on():
+    """Hardening 3, item 16: a tool calling os._exit(0) ended the run at once with exit status 0,
+    having trained and saved nothing."""
+    process = subprocess.run(
+        [sys.executable, "-c", ON_ONE_LOOP_AT_ONCE], cwd=REPO, capture_output=True, text=True, timeout=60,
+        env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert "reply: error: exits_at_once called os._exit(0)" in process.stdout, (process.stdout, process.stderr[-2000:])
+    assert "answer: 5 0.5" in process.stdout and process.returncode == 3
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX")
+def test_os_exit_in_a_process_forked_by_a_tool_exits_that_process():
+    env = tools_env("forks_a_child_that_exits", module="tests.envs.test_tools_hostile")
+    env.reset({"prompt": "go"})
+    replies, _, _ = step(env, turn(ToolCall("forks_a_child_that_exits", {"code": 7})))
+    assert replies[0]["content"] == "7"  # the child's exit status: it exited, it did not go on as a tool
 
 
 add_two = functools.partial(add, b=2)
