@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from posttrain.envs.base import Observation
+from posttrain.envs.turn_text import decode_turn, kept_markers
 from posttrain.errors import PosttrainError
 from posttrain.models.chat import chat_prompt_ids
 
@@ -104,6 +105,8 @@ class Episode:
     """Turns cut by ``max_new_tokens`` before their stop token (the environment still answers them)."""
     tools: list[dict[str, Any]] | None = None
     """The environment's ``chat_tools``: JSON schemas every rendering gives the chat template."""
+    markers: dict[int, str] = field(default_factory=dict)
+    """Special tokens a turn's text keeps, by id: the tool-call format's markers (``turn_text.py``)."""
     _rendered: list[int] = field(default_factory=list)  # the template's ids of the conversation so far
     _awaiting_result: bool = False  # a turn was added and the environment's answer not yet
 
@@ -118,16 +121,20 @@ class Episode:
         turn_offset: int = 0,
         stop_token_ids: Sequence[int] = (),
         tools: Sequence[dict[str, Any]] | None = None,
+        markers: Sequence[str] = (),
     ) -> Episode:
         """An episode from the environment's first observation: text is tokenised as is,
         messages through the chat template with the assistant's turn opened.
         ``stop_token_ids``: the tokens the engine stops a turn at (default: EOS); a turn that
-        fills its budget without ending in one was cut."""
+        fills its budget without ending in one was cut. ``markers``: the environment's
+        ``turn_markers`` (its tool-call format's), kept in each turn's text where they are special
+        tokens (``turn_text.py``)."""
         if on_prefix_mismatch not in ("error", "new_sample"):
             raise ValueError(f"on_prefix_mismatch must be 'error' or 'new_sample', got {on_prefix_mismatch!r}")
         episode = cls(tokenizer, limits, on_prefix_mismatch, chat=not isinstance(first_observation, str))
         episode.turn_offset, episode.tools = turn_offset, list(tools) if tools else None
         episode.stop_token_ids = frozenset(stop_token_ids or [tokenizer.eos_token_id])
+        episode.markers = kept_markers(tokenizer, markers)
         if episode.chat:
             episode.messages = [dict(m) for m in first_observation]
             episode._rendered = chat_prompt_ids(tokenizer, episode.messages, tools=episode.tools)
@@ -177,7 +184,9 @@ class Episode:
 
     def add_turn(self, sampled_ids: Sequence[int]) -> str:
         """Append the policy's sampled tokens verbatim (mask 1) and return their decoded text,
-        special tokens skipped as everywhere in posttrain: what ``env.step`` receives.
+        special tokens skipped as everywhere in posttrain but for the tool-call format's
+        ``markers``: what ``env.step`` receives and the stored assistant message holds (so the
+        template writes the turn back as sampled).
 
         A turn cut by ``max_new_tokens`` before its stop token is still the policy's message: the
         environment answers it (and charges for it, as a user would) and the turn is flagged
@@ -193,7 +202,7 @@ class Episode:
         start = len(self.ids)
         self._append(sampled, 1)
         self.turn_spans.append((start, len(self.ids)))
-        text = self.tokenizer.decode(sampled, skip_special_tokens=True)
+        text = decode_turn(self.tokenizer, sampled, self.markers)
         self.texts.append(text)
         self.messages.append({"role": "assistant", "content": text})
         self._awaiting_result = True
@@ -258,6 +267,7 @@ class Episode:
             turn_offset=self.turn,
             stop_token_ids=sorted(self.stop_token_ids),
             tools=self.tools,
+            markers=list(self.markers.values()),
         )
 
     @property
@@ -355,7 +365,9 @@ def replay_actions(
     guarded = GuardedEnvironment(env, timeout_s=None)
     if hasattr(env, "use_tokenizer"):
         env.use_tokenizer(tokenizer)
-    episode = Episode.start(tokenizer, guarded.reset(dict(row)), limits, tools=getattr(env, "chat_tools", None))
+    first = guarded.reset(dict(row))
+    tools, markers = getattr(env, "chat_tools", None), getattr(env, "turn_markers", ())
+    episode = Episode.start(tokenizer, first, limits, tools=tools, markers=markers)
     for action in actions:
         if episode.finished:
             raise ValueError(f"the episode ended ({episode.stop_reason}) before action {action!r}")

@@ -36,7 +36,8 @@ from typing import Any
 from posttrain.envs.base import EnvSpecError, Observation, in_daemon_thread, register_environment
 from posttrain.envs.python_tool import ToolSandboxError
 from posttrain.envs.sync_tool_calls import SYNC_CALLS_AT_ONCE, ToolExited, released_after, try_to_start_sync_call
-from posttrain.envs.tool_formats import ParsedTurn, ToolCall, parse_turn, resolve_format
+from posttrain.envs.tool_formats import MARKERS, ParsedTurn, ToolCall, parse_turn, resolve_format
+from posttrain.envs.turn_text import kept_markers
 from posttrain.user_code import import_named
 
 TOOLS_OFF_REPLY = "error: the tools are off in this conversation; answer without them"
@@ -144,6 +145,7 @@ class ToolsEnvironment:
         self.state: dict[str, Any] = {}
         self.counts = {"turns": 0, "malformed": 0, "calls": 0, "unknown": 0, "bad_arguments": 0, "errors": 0}
         self.turns: list[ParsedTurn] = []
+        self.results = 0  # tool messages so far, which number the ids given to calls written without one
 
     @staticmethod
     def check_options(tools: list[str], format: str = "auto", **options: Any) -> None:
@@ -163,7 +165,16 @@ class ToolsEnvironment:
         """The policy's tokenizer, before ``reset``: ``format: auto`` reads its chat template."""
         if self.format is None:
             templates = getattr(tokenizer, "chat_template", None), getattr(tokenizer, "response_template", None)
+            if self.format_name == "auto" and not any(templates):  # mistral-common's: no Jinja template,
+                # so the format whose marker is one of its special tokens (detect_format reads it)
+                templates = (next((m for m, _ in MARKERS if kept_markers(tokenizer, [m])), None), None)
             self.format = resolve_format(self.format_name, *templates)
+
+    @property
+    def turn_markers(self) -> tuple[str, ...]:
+        """The format's markers, which a turn's text keeps where they are special tokens
+        (``turn_text.py``): the episode decodes each turn with them."""
+        return tuple(getattr(self.format, "markers", ()))
 
     def reset(self, row: dict[str, Any]) -> Observation:
         if self.prompt_column not in row:
@@ -258,11 +269,15 @@ class ToolsEnvironment:
             return text
         return text[: self.max_result_chars] + f"…[cut: {len(text) - self.max_result_chars} more characters]"
 
-    @staticmethod
-    def _message(content: str, call: ToolCall | None) -> dict[str, Any]:
+    def _message(self, content: str, call: ToolCall | None) -> dict[str, Any]:
+        """A tool message answering ``call`` (None: the turn could not be read), with the call's id,
+        or one in the family's form where its template requires one (``call_id`` of the format)."""
+        self.results += 1
         message: dict[str, Any] = {"role": "tool", "content": content}
         if call is not None:
             message["name"] = call.name
-            if call.id:
-                message["tool_call_id"] = call.id
+        new_id = getattr(self.format, "call_id", None)
+        call_id = call.id if call is not None and call.id else new_id(self.results) if new_id else None
+        if call_id:
+            message["tool_call_id"] = call_id
         return message

@@ -67,9 +67,12 @@ def parse_turn(tool_format: Any, text: str) -> ParsedTurn:
     """``tool_format.parse(text)``; a call whose JSON nests past the interpreter's stack (thousands of
     levels of arrays) is the policy's malformed call, answered and counted, not an environment failure."""
     try:
-        return tool_format.parse(text)
+        turn = tool_format.parse(text)
     except RecursionError:
         return ParsedTurn("malformed", content=text, error="the call's JSON nests thousands of levels deep")
+    if turn.status == "parsed" and not turn.calls:  # a call turn is never answered with nothing
+        return ParsedTurn("malformed", content=text, error="a tool-call turn without a call")
+    return turn
 
 
 def _call(payload: Any, arguments_key: str) -> ToolCall:
@@ -104,6 +107,7 @@ class Hermes:
     in the first letters of an opening tag was cut, and is malformed rather than a final answer."""
 
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
+    markers = (OPEN, CLOSE)
 
     def parse(self, text: str) -> ParsedTurn:
         if self.OPEN not in text and not self._cut_open(text):
@@ -158,6 +162,15 @@ class SmolLM2(Hermes):
     def _items(self, payload: Any) -> list[Any]:
         return payload if isinstance(payload, list) else [payload]
 
+    def parse(self, text: str) -> ParsedTurn:
+        """As Hermes; a turn whose every block is the empty list is SmolLM2's "no call is needed"
+        (its tool prompt: "If no function call is needed, please make the tool calls an empty
+        list '[]'"): a final answer, the text around the blocks its content."""
+        turn = super().parse(text)
+        if turn.status == "parsed" and not turn.calls:
+            return ParsedTurn("no_call", content=turn.content)
+        return turn
+
     def render(self, calls: list[ToolCall], content: str = "") -> str:
         body = json.dumps([{"name": c.name, "arguments": c.arguments} for c in calls])
         return "\n".join(([content] if content else []) + [f"{self.OPEN}{body}{self.CLOSE}"])
@@ -165,13 +178,21 @@ class SmolLM2(Hermes):
 
 @TOOL_FORMATS.register("llama3_json")
 class Llama3Json:
-    """The whole turn is a call: a JSON object with ``name`` and ``parameters`` (``;`` between calls)."""
+    """The whole turn is a call: a JSON object with ``name`` and ``parameters`` (Meta's Llama 3.1
+    prompt format, "JSON based tool calling"; ``;`` and any whitespace between parallel calls, as
+    vLLM's ``llama3_json`` parser reads them). An ``<|python_tag|>`` may open the turn: after it the
+    turn is a call, so nothing or something other than JSON there is malformed, not an answer."""
 
     TAG = "<|python_tag|>"
+    markers = (TAG,)
 
     def parse(self, text: str) -> ParsedTurn:
         body = text.strip()
-        body = body[len(self.TAG) :].lstrip() if body.startswith(self.TAG) else body
+        tagged = body.startswith(self.TAG)
+        body = body[len(self.TAG) :].lstrip() if tagged else body
+        if tagged and not body.startswith("{"):
+            why = "nothing" if not body else repr(body[:60])
+            return ParsedTurn("malformed", content=text, error=f"{self.TAG} is followed by {why}, not a JSON call")
         if not body.startswith("{"):
             return ParsedTurn("no_call", content=text)
         decoder, calls, position = json.JSONDecoder(), [], 0
@@ -183,7 +204,7 @@ class Llama3Json:
                     raise ValueError(f"not valid JSON ({error.msg} at character {error.pos}): {body[:120]!r}") from None
                 calls.append(_call(payload, "parameters"))
                 position = end
-                while position < len(body) and body[position] in " \n\t;":
+                while position < len(body) and (body[position] == ";" or body[position].isspace()):
                     position += 1
         except ValueError as error:
             return ParsedTurn("malformed", content=text, error=str(error))
@@ -195,34 +216,72 @@ class Llama3Json:
 
 @TOOL_FORMATS.register("mistral")
 class Mistral:
-    """``[TOOL_CALLS]`` then a JSON list of calls (v3), or ``name[ARGS]{json}`` per call (v11+)."""
+    """Mistral's tool calls, as mistral-common's instruct encoders write them (``InstructTokenizerV3``
+    to ``V13``, ``tokens/tokenizers/instruct.py``): the turn's content, then either ``[TOOL_CALLS]``
+    and a JSON list of calls (v3, v7: ``[{"name": ..., "arguments": {...}, "id": "a1b2c3d4e"}]``) or,
+    per call, ``[TOOL_CALLS]name[CALL_ID]id[ARGS]{json}`` (v11; v13 writes no ``[CALL_ID]``), then EOS.
 
-    MARK, ARGS = "[TOOL_CALLS]", "[ARGS]"
+    Read in order from the first marker: each ``[TOOL_CALLS]`` opens a list or a call, and a JSON
+    value is decoded where it starts, so arguments quoting a marker do not split the call. The turn
+    is malformed, never an answer, when a ``[TOOL_CALLS]`` is followed by nothing (cut), a call has
+    no ``[ARGS]`` or an empty name, or text follows the last call (the encoders write none there:
+    it would be dropped when the turn is written back)."""
+
+    MARK, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
+    markers = (MARK, ARGS, CALL_ID)
 
     def parse(self, text: str) -> ParsedTurn:
         if self.MARK not in text:
             return ParsedTurn("no_call", content=text)
         content, _, rest = text.partition(self.MARK)
         try:
-            calls = self._calls(rest.strip())
+            calls = self._calls(rest)
         except ValueError as error:
             return ParsedTurn("malformed", content=text, error=str(error))
         return ParsedTurn("parsed", calls, content.strip())
 
     def _calls(self, rest: str) -> list[ToolCall]:
-        if rest.startswith("["):  # v3: one JSON list
-            payload, _ = _raw(rest)
-            if not isinstance(payload, list) or not payload:
-                raise ValueError(f"{self.MARK} is followed by a JSON list of calls, got {rest[:120]!r}")
-            return [_call(item, "arguments") for item in payload]
-        calls = []
-        for chunk in filter(None, (part.strip() for part in rest.split(self.MARK))):
-            name, marker, arguments = chunk.partition(self.ARGS)
-            if not marker:
-                raise ValueError(f"{self.MARK}{name[:40]} has no {self.ARGS} (cut by max_new_tokens?)")
-            payload, _ = _raw(arguments.strip())
-            calls.append(_call({"name": name.strip(), "arguments": payload}, "arguments"))
-        return calls
+        """The calls after the first ``[TOOL_CALLS]`` (``rest``), each list or call in turn."""
+        calls: list[ToolCall] = []
+        while True:
+            body = rest.lstrip()
+            if not body:
+                raise ValueError(f"the turn ends at {self.MARK}: a cut call")
+            if body.startswith("["):  # v3/v7: one JSON list
+                payload, end = _raw(body)
+                if not isinstance(payload, list) or not payload:
+                    raise ValueError(f"{self.MARK} is followed by a JSON list of calls, got {body[:120]!r}")
+                calls += [_call(item, "arguments") for item in payload]
+            else:  # v11: name, an optional [CALL_ID], [ARGS] and the arguments
+                call, end = self._named_call(body)
+                calls.append(call)
+            after = body[end:].lstrip()
+            if not after:
+                return calls
+            if not after.startswith(self.MARK):
+                raise ValueError(f"text after the last call, where the turn ends: {after[:80]!r}")
+            rest = after[len(self.MARK) :]
+
+    def _named_call(self, body: str) -> tuple[ToolCall, int]:
+        args = body.find(self.ARGS)
+        if args < 0 or self.MARK in body[:args]:
+            raise ValueError(f"{self.MARK}{body[:40]} has no {self.ARGS} (cut by max_new_tokens?)")
+        name, marker, call_id = body[:args].partition(self.CALL_ID)
+        name, call_id = name.strip(), call_id.strip() if marker else None
+        if not name or any(c.isspace() or c in "[]{}" for c in name):
+            raise ValueError(f"{self.MARK} is followed by a tool name, got {name[:40]!r}")
+        start = args + len(self.ARGS)
+        start += len(body[start:]) - len(body[start:].lstrip())
+        payload, end = _raw(body[start:])
+        call = _call({"name": name, "arguments": payload}, "arguments")
+        return ToolCall(call.name, call.arguments, call_id or None), start + end
+
+    @staticmethod
+    def call_id(number: int) -> str:
+        """The id of the ``number``-th tool result of an episode whose call the model wrote without
+        one: Mistral's chat templates refuse a tool message without a 9-character alphanumeric
+        ``tool_call_id``. Counted, not random, so a resumed run renders the same tokens."""
+        return f"{number:09d}"[-9:]
 
     def render(self, calls: list[ToolCall], content: str = "") -> str:
         items = [{"name": c.name, "arguments": c.arguments, **({"id": c.id} if c.id else {})} for c in calls]
@@ -257,6 +316,8 @@ class ResponseTemplateFormat:
     """Calls read by transformers' response parser from a response template (the schema a
     tokenizer ships as ``response_template``, or a JSON file): its ``tool_calls`` are the calls,
     a region it cannot parse (a call cut mid-JSON) makes the turn malformed."""
+
+    markers: tuple[str, ...] = ()  # its patterns read the text as decoded with special tokens skipped
 
     def __init__(self, template: dict[str, Any]) -> None:
         from transformers.utils.chat_parsing import parse_response

@@ -245,6 +245,7 @@ class EnvironmentSource:
                 episode = Episode.start(
                     self.tokenizer, first, self.limits, stop_token_ids=stop_ids,
                     on_prefix_mismatch=self.env.on_prefix_mismatch, tools=getattr(env.env, "chat_tools", None),
+                    markers=getattr(env.env, "turn_markers", ()),
                 )  # fmt: skip
                 play = Play(env, episode, first, logprobs=[0.0] * len(episode.ids))
                 if episode.finished:  # the first observation fills the context: no turn can be sampled

@@ -1,0 +1,45 @@
+"""A sampled turn as the environment reads it: decoded with special tokens skipped, except the
+tool-call format's markers, which stay where the model wrote them.
+
+Mistral's ``[TOOL_CALLS]``, ``[ARGS]`` and ``[CALL_ID]`` and Llama 3.1's ``<|python_tag|>`` are
+control tokens: decoding with special tokens skipped (as every turn is, so an EOS or a chat marker
+never reaches a reward) dropped them, and every call read as a final answer. Decoding with special
+tokens kept is no cure: a SentencePiece tokenizer then writes ``▁`` for every space, and the JSON
+breaks. So the turn's ids are split at the markers' ids and each span between them is decoded with
+special tokens skipped (the issue's "parse from token ids"); a marker the tokenizer writes as plain
+text (Qwen's ``<tool_call>``, an added token that is not special) needs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def kept_markers(tokenizer: Any, markers: Sequence[str]) -> dict[int, str]:
+    """The ``markers`` that are one token which decoding with special tokens skipped would drop,
+    by id."""
+    kept: dict[int, str] = {}
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    for marker in markers:
+        token = tokenizer.convert_tokens_to_ids(marker)
+        if not isinstance(token, int) or token < 0 or token == unknown:
+            continue  # not one token of this tokenizer: written as text, read as text
+        if tokenizer.decode([token], skip_special_tokens=True) == "":
+            kept[token] = marker
+    return kept
+
+
+def decode_turn(tokenizer: Any, ids: Sequence[int], markers: Mapping[int, str]) -> str:
+    """``ids`` decoded with special tokens skipped, but for the ``markers`` (by id), written as they are."""
+    if not markers or not any(token in markers for token in ids):
+        return tokenizer.decode(list(ids), skip_special_tokens=True)
+    parts, span = [], []
+    for token in ids:
+        if token in markers:
+            parts += [tokenizer.decode(span, skip_special_tokens=True), markers[token]]
+            span = []
+        else:
+            span.append(int(token))
+    parts.append(tokenizer.decode(span, skip_special_tokens=True))
+    return "".join(parts)

