@@ -35,7 +35,7 @@ from typing import Any, Literal
 from posttrain.envs.base import Observation
 from posttrain.envs.turn_text import decode_turn, kept_markers
 from posttrain.errors import PosttrainError
-from posttrain.models.chat import chat_prompt_ids
+from posttrain.models.chat import ChatTemplateError, chat_prompt_ids
 
 
 class TemplatePrefixError(PosttrainError, ValueError):
@@ -102,6 +102,8 @@ class Episode:
     """Tokens that end a turn (the engine's stop tokens); empty: the tokenizer's EOS."""
     stop_reason: StopReason | None = None
     cut_turns: list[int] = field(default_factory=list)
+    rewritten_turns: list[int] = field(default_factory=list)
+    """Turns the template writes otherwise than sampled: their observation is its delta (``_delta``)."""
     """Turns cut by ``max_new_tokens`` before their stop token (the environment still answers them)."""
     tools: list[dict[str, Any]] | None = None
     """The environment's ``chat_tools``: JSON schemas every rendering gives the chat template."""
@@ -290,42 +292,80 @@ class Episode:
 
     def _chat_tail(self, observation: list[dict[str, Any]]) -> list[int] | None:
         """Template tokens to append after the last sampled turn (rest of its end of turn,
-        the observation, the next generation prompt), after the three prefix checks; None
-        when a check fails and the episode continues as a new sample."""
+        the observation, the next generation prompt); None when the template rewrites the
+        conversation before the turn and the episode continues as a new sample.
+
+        The conversation with the observation must extend the prompt the turn was sampled from.
+        Then the template's rendering through the turn is checked to write the turn as sampled,
+        and what follows it is appended. A template that writes the turn its own way (Llama 3's
+        trims it; mistral-common's encoder writes a call as text, or cannot render a conversation
+        ending in the assistant's turn at all) gets :meth:`_delta` instead: what the template
+        writes after its own end of that turn. Its turns are listed in ``rewritten_turns``."""
         turn, text = self.turn, self.texts[-1]
         start, end = self.turn_spans[-1]
         sampled = self.ids[start:end]
-        with_reply = chat_prompt_ids(self.tokenizer, self.messages, add_generation_prompt=False, tools=self.tools)
         with_observation = chat_prompt_ids(self.tokenizer, [*self.messages, *observation], tools=self.tools)
+        position = _first_difference(self._rendered, with_observation)
+        if position is not None:
+            if self.on_prefix_mismatch == "new_sample":
+                return None
+            what = "adding the policy's turn and the observation rewrites the conversation before the turn"
+            raise self._mismatch(turn, what, self._rendered, with_observation, position)
+        try:
+            with_reply = chat_prompt_ids(self.tokenizer, self.messages, add_generation_prompt=False, tools=self.tools)
+        except (ChatTemplateError, ValueError):  # mistral-common's: the last message may not be the assistant's
+            with_reply = None
         content = encode_text(self.tokenizer, text)
-        checks = (
-            (
-                self._rendered,
-                with_reply,
-                "the conversation through the policy's turn does not extend the prompt it continued",
-            ),
-            (
-                [*self._rendered, *content],
-                with_reply,
-                "the template does not write the policy's turn as sampled (its text changed)",
-            ),
-            (with_reply, with_observation, "adding the observation rewrites the conversation before it"),
-        )
-        for before, after, what in checks:
-            position = _first_difference(before, after)
-            if position is not None:
-                if self.on_prefix_mismatch == "new_sample":
-                    return None
-                raise self._mismatch(turn, what, before, after, position)
-        end_of_turn = with_reply[len(self._rendered) + len(content) :]
-        stops = _trailing_special(sampled, set(self.tokenizer.all_special_ids))
-        # the sampled stop token (ChatML's <|im_end|>) is the template's end of turn: append
-        # only what the template writes after it (the "\n"); a stop token the template does
-        # not write (a bare <eos>) stays as sampled, and the template's end of turn follows it
-        if stops and end_of_turn[: len(stops)] == stops:
-            end_of_turn = end_of_turn[len(stops) :]
+        written = with_reply is not None and _first_difference([*self._rendered, *content], with_reply) is None
+        # the template's own rendering through the turn, when it has one: the observation must not change it
+        through_turn = with_reply if written else self._template_turn(with_reply)
+        position = None if through_turn is None else _first_difference(through_turn, with_observation)
+        if position is not None:
+            if self.on_prefix_mismatch == "new_sample":
+                return None
+            what = "adding the observation rewrites the conversation before it"
+            raise self._mismatch(turn, what, through_turn, with_observation, position)
+        if not written:
+            self.rewritten_turns.append(turn)
+            tail = self._delta(turn, sampled, with_observation)
+        else:
+            end_of_turn = with_reply[len(self._rendered) + len(content) :]
+            stops = _trailing_special(sampled, set(self.tokenizer.all_special_ids))
+            # the sampled stop token (ChatML's <|im_end|>) is the template's end of turn: append
+            # only what the template writes after it (the "\n"); a stop token the template does
+            # not write (a bare <eos>) stays as sampled, and the template's end of turn follows it
+            if stops and end_of_turn[: len(stops)] == stops:
+                end_of_turn = end_of_turn[len(stops) :]
+            tail = [*end_of_turn, *with_observation[len(with_reply) :]]
         self._rendered = with_observation
-        return [*end_of_turn, *with_observation[len(with_reply) :]]
+        return tail
+
+    def _template_turn(self, with_reply: list[int] | None) -> list[int] | None:
+        """The template's rendering through its own version of the last turn, up to and with the
+        turn's first stop token; None when it cannot render the turn or ends it with none."""
+        if with_reply is None:
+            return None
+        ends = [i for i in range(len(self._rendered), len(with_reply)) if with_reply[i] in self.stop_token_ids]
+        return with_reply[: ends[0] + 1] if ends else None
+
+    def _delta(self, turn: int, sampled: list[int], with_observation: list[int]) -> list[int]:
+        """What the template writes after its own version of the policy's turn: from the first
+        stop token in its rendering of the turn and the observation (mistral-common's ``</s>``,
+        ChatML's ``<|im_end|>``) on; past it when the sampled turn ended in that token, from it
+        when the turn was cut before its stop."""
+        written = with_observation[len(self._rendered) :]
+        ends = [i for i, token in enumerate(written) if token in self.stop_token_ids]
+        if not ends:
+            raise self._mismatch(
+                turn,
+                "the template writes the policy's turn otherwise than sampled and ends it with none of the stop tokens "
+                f"{sorted(self.stop_token_ids)}, so the observation cannot be placed after it",
+                [*self._rendered, *sampled],
+                with_observation,
+                len(self._rendered),
+            )
+        stopped = bool(sampled) and sampled[-1] == written[ends[0]]
+        return written[ends[0] + stopped :]
 
     def _mismatch(
         self, turn: int, what: str, before: list[int], after: list[int], position: int

@@ -21,7 +21,12 @@ def kept_markers(tokenizer: Any, markers: Sequence[str]) -> dict[int, str]:
     by id."""
     kept: dict[int, str] = {}
     unknown = getattr(tokenizer, "unk_token_id", None)
+    added = getattr(tokenizer, "added_tokens_decoder", None)  # a method on mistral-common's backend
+    added = added.values() if isinstance(added, Mapping) else ()
+    special = {*tokenizer.all_special_tokens, *(str(token) for token in added if getattr(token, "special", False))}
     for marker in markers:
+        if marker not in special:  # plain text to this tokenizer (looking it up would warn)
+            continue
         token = tokenizer.convert_tokens_to_ids(marker)
         if not isinstance(token, int) or token < 0 or token == unknown:
             continue  # not one token of this tokenizer: written as text, read as text

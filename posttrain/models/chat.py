@@ -27,10 +27,29 @@ class ChatTemplateError(PosttrainError, ValueError):
 
 
 def ensure_chat_template(tokenizer: Any) -> Any:
-    """Give a tokenizer without a chat template posttrain's default one; keep an existing one."""
-    if not getattr(tokenizer, "chat_template", None):
+    """Give a tokenizer without a chat template posttrain's default one; keep an existing one, and
+    leave one that renders chats without a template alone (mistral-common's, :func:`renders_itself`)."""
+    if not getattr(tokenizer, "chat_template", None) and not renders_itself(tokenizer):
         tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
     return tokenizer
+
+
+def _refusals(tokenizer: Any) -> tuple[type[BaseException], ...]:
+    """What the tokenizer's chat rendering raises for a conversation it will not write: a Jinja
+    template's ``raise_exception``, mistral-common's validators."""
+    from jinja2.exceptions import TemplateError
+
+    if not renders_itself(tokenizer):
+        return (TemplateError,)
+    from mistral_common.exceptions import MistralCommonException
+
+    return TemplateError, MistralCommonException
+
+
+def renders_itself(tokenizer: Any) -> bool:
+    """A tokenizer whose ``apply_chat_template`` is a reference encoder, not a Jinja template:
+    transformers' ``MistralCommonBackend`` (mistral-common), a Mistral model's tokenizer."""
+    return type(tokenizer).__name__ == "MistralCommonBackend"
 
 
 def chat_prompt_ids(
@@ -43,15 +62,15 @@ def chat_prompt_ids(
     """Token ids of a conversation, by default up to and including the opening of the
     assistant's turn (what a sampler continues from). No BOS/EOS beyond what the template writes.
     ``tools``: JSON schemas of the functions the model may call, written where its template puts them."""
-    from jinja2.exceptions import TemplateError
-
     ensure_chat_template(tokenizer)
     try:
         extra = {"tools": list(tools)} if tools else {}
+        if renders_itself(tokenizer):  # mistral-common: no generation prompt to add, and it may not be asked
+            add_generation_prompt = False
         ids = tokenizer.apply_chat_template(
             list(messages), add_generation_prompt=add_generation_prompt, tokenize=True, **extra
         )
-    except TemplateError as error:
+    except _refusals(tokenizer) as error:
         raise ChatTemplateError(f"the tokenizer's chat template refuses this conversation: {error}") from None
     if isinstance(ids, Mapping):  # transformers 5 returns a BatchEncoding
         ids = ids["input_ids"]
@@ -69,14 +88,14 @@ def prompt_ids(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]]) -> lis
 def render_chat(tokenizer: Any, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool) -> str:
     """The text the chat template writes for `messages`; a template that refuses them (e.g.
     "roles must alternate") raises :class:`ChatTemplateError` with its own words."""
-    from jinja2.exceptions import TemplateError
-
     ensure_chat_template(tokenizer)
     try:
         return tokenizer.apply_chat_template(
-            list(messages), add_generation_prompt=add_generation_prompt, tokenize=False
+            list(messages),
+            add_generation_prompt=add_generation_prompt and not renders_itself(tokenizer),
+            tokenize=False,
         )
-    except TemplateError as error:
+    except _refusals(tokenizer) as error:
         raise ChatTemplateError(f"the tokenizer's chat template refuses this conversation: {error}") from None
 
 

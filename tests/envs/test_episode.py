@@ -282,3 +282,39 @@ def test_max_turns_ends_the_episode_truncated(chatml):
     assert len(turns) == 2 and len(env.received) == 2
     assert episode.stop_reason == "max_turns" and episode.truncated
     assert episode.mask[-1] == 1  # nothing is appended after the last turn
+
+
+# Llama 3's templates write each message's content trimmed: a turn sampled with a leading space is
+# written without it, and mistral-common's encoder writes a call held as text otherwise than sampled
+TRIMS = CHATML.replace("{{ m['content'] }}", "{{ m['content'] | trim }}")
+
+
+def test_a_template_that_writes_the_turn_its_own_way_appends_what_follows_its_end_of_turn():
+    tokenizer = chatml_tokenizer(TRIMS)
+    episode = Episode.start(tokenizer, FIRST, EpisodeLimits(max_new_tokens=64))
+    turn = sampled(tokenizer, " ask: battery? ")
+    episode.add_turn(turn)
+    episode.add_result("yes", None, False)  # a TemplatePrefixError before ("its text changed")
+    assert episode.rewritten_turns == [1]
+    after = encode(tokenizer, "\n<|im_start|>user\nyes<|im_end|>\n<|im_start|>assistant\n")
+    assert episode.ids == [*chat_prompt_ids(tokenizer, FIRST), *turn, *after]
+    assert episode.mask == [0] * len(chat_prompt_ids(tokenizer, FIRST)) + [1] * len(turn) + [0] * len(after)
+    episode.add_turn(sampled(tokenizer, "fix: charge"))  # written as sampled: the template's own tokens
+    episode.add_result("thanks", None, False)
+    assert episode.rewritten_turns == [1]
+    # history is still checked: the conversation before the turn must stay as the turn saw it
+    qwen = chatml_tokenizer(QWEN3_LIKE.replace("{{ m['content'] }}", "{{ m['content'] | trim }}"))
+    episode = Episode.start(qwen, FIRST, EpisodeLimits(max_new_tokens=64))
+    episode.add_turn(sampled(qwen, "<think>hm</think> ask: battery? "))
+    with pytest.raises(TemplatePrefixError, match="adding the observation rewrites the conversation before it"):
+        episode.add_result("yes", None, False)  # the user's answer drops the turn's thinking
+
+
+def test_a_cut_turn_the_template_writes_its_own_way_gets_the_templates_end_of_turn():
+    tokenizer = chatml_tokenizer(TRIMS)
+    episode = Episode.start(tokenizer, FIRST, EpisodeLimits(max_new_tokens=4))
+    turn = encode(tokenizer, " ask: battery? ")[:4]  # cut by max_new_tokens before its stop token
+    episode.add_turn(turn)
+    episode.add_result("yes", None, False)
+    after = encode(tokenizer, "\n<|im_start|>user\nyes<|im_end|>\n<|im_start|>assistant\n")
+    assert episode.ids[len(chat_prompt_ids(tokenizer, FIRST)) :] == [*turn, tokenizer.eos_token_id, *after]

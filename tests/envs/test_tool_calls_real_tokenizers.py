@@ -57,3 +57,40 @@ def test_a_mistral_call_as_its_tokenizer_writes_it_is_a_call_for_the_environment
     replies, _, done = asyncio.run(env.step(text))
     assert not done and [reply["content"] for reply in replies] == ["5"]
     assert env.turns[0].calls[0].id == "a1b2c3d4e"
+
+
+@pytest.mark.parametrize("name", MISTRAL)
+def test_a_whole_mistral_episode_plays_as_its_encoder_writes_the_conversation(name):
+    """mistral-common's encoder cannot render a conversation ending in the assistant's turn, and
+    writes a call held as text otherwise than sampled: the tool result is appended as its delta
+    after the turn's </s> (``rewritten_turns``), token for token what the encoder writes there."""
+    tokenizer = mistral_tokenizer(name)
+    env = resolve_environment("tools", {"tools": [f"{HERE}:add"]})()
+    env.use_tokenizer(tokenizer)
+    limits = EpisodeLimits(max_new_tokens=256, max_turns=3)
+    episode = Episode.start(tokenizer, QUESTION, limits, tools=env.chat_tools, markers=env.turn_markers)
+    prompt = list(episode.ids)
+    call = sampled_call(tokenizer, env.chat_tools)
+    replies, reward, done = asyncio.run(env.step(episode.add_turn(call)))
+    episode.add_result(replies, reward, done)
+    reference = list(
+        tokenizer.apply_chat_template(
+            [*QUESTION, {"role": "assistant", "content": "", "tool_calls": [_call()]}, _result()],
+            tools=env.chat_tools, tokenize=True, return_dict=False,
+        )
+    )  # fmt: skip
+    assert episode.ids == reference and episode.rewritten_turns == [1]
+    answer = [*tokenizer.encode("It is 5.", add_special_tokens=False), tokenizer.eos_token_id]
+    replies, reward, done = asyncio.run(env.step(episode.add_turn(answer)))
+    assert done and episode.texts[-1] == "It is 5."
+    episode.add_result(replies, reward, done)
+    trained = [token for token, mask in zip(episode.ids, episode.mask, strict=True) if mask]
+    assert trained == [*call, *answer] and episode.ids[: len(prompt)] == prompt
+
+
+def _call():
+    return {"id": "a1b2c3d4e", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+
+
+def _result():
+    return {"role": "tool", "content": "5", "tool_call_id": "a1b2c3d4e", "name": "add"}
