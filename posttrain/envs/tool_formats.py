@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from posttrain.algos.registry import Registry
+from posttrain.envs.turn_text import first_marker
 from posttrain.errors import PosttrainError
 
 Status = Literal["parsed", "malformed", "no_call"]
@@ -231,9 +232,10 @@ class Mistral:
     markers = (MARK, ARGS, CALL_ID)
 
     def parse(self, text: str) -> ParsedTurn:
-        if self.MARK not in text:
-            return ParsedTurn("no_call", content=text)
-        content, _, rest = text.partition(self.MARK)
+        first = first_marker(text, self.MARK)  # a marker quoted as text in the content is text
+        if first < 0:
+            return ParsedTurn("no_call", content=str(text))
+        content, rest = text[:first], text[first + len(self.MARK) :]
         try:
             calls = self._calls(rest)
         except ValueError as error:

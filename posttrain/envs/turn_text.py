@@ -35,16 +35,40 @@ def kept_markers(tokenizer: Any, markers: Sequence[str]) -> dict[int, str]:
     return kept
 
 
+class MarkedTurn(str):
+    """A turn's text that knows where its markers were sampled as tokens (``marker_starts``, the
+    character offsets): the same characters written as plain text (a model quoting
+    ``[TOOL_CALLS]`` in its answer) are no marker, and a format reads them as text."""
+
+    marker_starts: tuple[int, ...] = ()
+
+
 def decode_turn(tokenizer: Any, ids: Sequence[int], markers: Mapping[int, str]) -> str:
-    """``ids`` decoded with special tokens skipped, but for the ``markers`` (by id), written as they are."""
+    """``ids`` decoded with special tokens skipped, but for the ``markers`` (by id), written as
+    they are: a :class:`MarkedTurn` when there are any."""
     if not markers or not any(token in markers for token in ids):
         return tokenizer.decode(list(ids), skip_special_tokens=True)
-    parts, span = [], []
+    parts: list[str] = []
+    starts: list[int] = []
+    span: list[int] = []
     for token in ids:
         if token in markers:
-            parts += [tokenizer.decode(span, skip_special_tokens=True), markers[token]]
+            parts.append(tokenizer.decode(span, skip_special_tokens=True))
+            starts.append(sum(map(len, parts)))
+            parts.append(markers[token])
             span = []
         else:
             span.append(int(token))
     parts.append(tokenizer.decode(span, skip_special_tokens=True))
-    return "".join(parts)
+    turn = MarkedTurn("".join(parts))
+    turn.marker_starts = tuple(starts)
+    return turn
+
+
+def first_marker(text: str, marker: str, start: int = 0) -> int:
+    """Where ``marker`` first occurs in ``text`` from ``start`` (-1: nowhere), counting in a
+    :class:`MarkedTurn` only the places a marker token was sampled."""
+    sampled = getattr(text, "marker_starts", None)
+    if sampled is None:
+        return text.find(marker, start)
+    return next((i for i in sampled if i >= start and text.startswith(marker, i)), -1)

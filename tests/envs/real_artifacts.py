@@ -54,3 +54,27 @@ def mistral_tokenizer(name: str) -> Any:
     from transformers.tokenization_mistral_common import MistralCommonBackend
 
     return MistralCommonBackend(tokenizer_path=str(artifact(name)))
+
+
+@cache
+def mistral_v11_tokenizer(folder: str) -> Any:
+    """Mistral's v11 tool-call syntax (``[TOOL_CALLS]name[CALL_ID]id[ARGS]{json}``) on a real table:
+    no v11 tokenizer file ships with mistral-common, so the pinned Tekken file is written out with
+    its version set to v11 and ``[ARGS]`` and ``[CALL_ID]`` given two of its unused special ranks
+    (32, 33); mistral-common then builds its own ``InstructTokenizerV11`` over it. Everything else —
+    the vocabulary, the merges, the other control tokens — is the published file's."""
+    import json
+
+    from transformers.tokenization_mistral_common import MistralCommonBackend
+
+    table = json.loads(artifact("mistral-tekken").read_text(encoding="utf-8"))
+    names = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]"]
+    names += ["[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]", "<pad>", "[IMG_BREAK]", "[IMG_END]", "[PREFIX]", "[MIDDLE]"]
+    names += ["[SUFFIX]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[TOOL_CONTENT]"]  # Tekkenizer's defaults, ranks 0-19
+    names += [f"<SPECIAL_{rank}>" for rank in range(20, 32)] + ["[ARGS]", "[CALL_ID]"]  # its fillers, then the two
+    special = [{"rank": rank, "token_str": name, "is_control": True} for rank, name in enumerate(names)]
+    table["config"]["version"] = "v11"
+    table["special_tokens"] = special
+    path = Path(folder) / "tekken_v11.json"
+    path.write_text(json.dumps(table), encoding="utf-8")
+    return MistralCommonBackend(tokenizer_path=str(path))
