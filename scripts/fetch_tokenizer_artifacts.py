@@ -132,10 +132,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{package}@{version}: up to date in {dest / folder(family)}")
             continue
         print(f"{package}@{version}: downloading {url}")
-        with urllib.request.urlopen(url, timeout=120) as response:
-            data = response.read()
         try:
+            with urllib.request.urlopen(url, timeout=120) as response:
+                data = response.read()
             fetched[family] = verified_files(family, data)
+        except (OSError, tarfile.TarError) as error:  # offline, not found, not a tarball
+            print(f"refused: {package}@{version}: cannot read {url}: {error}", file=sys.stderr)
+            return 2
         except Refused as refused:  # checked before anything is written
             print(f"refused: {refused}", file=sys.stderr)
             return 2
