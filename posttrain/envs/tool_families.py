@@ -200,3 +200,133 @@ class Mistral:
     def render(self, calls: list[ToolCall], content: str = "") -> str:
         items = [{"name": c.name, "arguments": c.arguments, **({"id": c.id} if c.id else {})} for c in calls]
         return content + self.MARK + json.dumps(items)
+
+
+@TOOL_FORMATS.register("deepseek_v3")
+class DeepSeekV3:
+    """DeepSeek V3's tool calls, as its published chat template writes them (and vLLM's
+    ``deepseek_v3`` parser reads them): the content, then ``<｜tool▁calls▁begin｜>`` and per call
+    ``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\nARGUMENTS\\n```<｜tool▁call▁end｜>``,
+    then ``<｜tool▁calls▁end｜>``. The template leaves out the closing marker after a single call
+    (and the opening one in a later turn), so both are optional here; a call not closed by
+    ``<｜tool▁call▁end｜>`` was cut, and text after the calls is malformed."""
+
+    CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+    CALL_BEGIN, SEP, CALL_END = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
+    OPEN_ARGUMENTS, CLOSE_ARGUMENTS = "\n```json\n", "\n```"
+    markers = (CALLS_BEGIN, CALLS_END, CALL_BEGIN, SEP, CALL_END)
+
+    def parse(self, text: str) -> ParsedTurn:
+        starts = [i for i in (first_marker(text, self.CALLS_BEGIN), first_marker(text, self.CALL_BEGIN)) if i >= 0]
+        if not starts:
+            return ParsedTurn("no_call", content=str(text))
+        content, rest = text[: min(starts)], text[min(starts) :].removeprefix(self.CALLS_BEGIN)
+        try:
+            calls = self._calls(rest)
+        except ValueError as error:
+            return ParsedTurn("malformed", content=text, error=str(error))
+        return ParsedTurn("parsed", calls, content.strip())
+
+    def _calls(self, rest: str) -> list[ToolCall]:
+        calls: list[ToolCall] = []
+        while True:
+            rest = rest.lstrip()
+            if not rest.startswith(self.CALL_BEGIN):
+                raise ValueError(f"{self.CALL_BEGIN} was expected, got {rest[:60]!r} (cut by max_new_tokens?)")
+            head, sep, body = rest[len(self.CALL_BEGIN) :].partition(self.SEP)
+            name, newline, body = body.partition("\n")
+            if not sep or not newline or head.strip() != "function":
+                raise ValueError(f"a call is {self.CALL_BEGIN}function{self.SEP}NAME and its JSON: {rest[:80]!r}")
+            if not body.startswith("```json\n"):
+                raise ValueError(f"the arguments of {name!r} open with ```json (cut by max_new_tokens?)")
+            body = body[len("```json\n") :]
+            arguments, end = json_at(body)
+            close = self.CLOSE_ARGUMENTS + self.CALL_END
+            if not body[end:].startswith(close):
+                raise ValueError(f"the call to {name!r} is not closed by ```{self.CALL_END} (cut by max_new_tokens?)")
+            calls.append(call_from({"name": name.strip(), "arguments": arguments}, "arguments"))
+            rest = body[end + len(close) :].lstrip()
+            if rest in ("", self.CALLS_END):
+                return calls
+            if not rest.startswith(self.CALL_BEGIN):
+                raise ValueError(f"text after the last call, where the turn ends: {rest[:80]!r}")
+
+    def render(self, calls: list[ToolCall], content: str = "") -> str:
+        body = "\n".join(
+            f"{self.CALL_BEGIN}function{self.SEP}{c.name}{self.OPEN_ARGUMENTS}{json.dumps(c.arguments)}"
+            f"{self.CLOSE_ARGUMENTS}{self.CALL_END}"
+            for c in calls
+        )
+        return f"{content}{self.CALLS_BEGIN}{body}{self.CALLS_END}"
+
+
+@TOOL_FORMATS.register("pythonic")
+class Pythonic:
+    """Llama 3.2's (and Llama 4's) pythonic tool calls, Meta's ``python_list`` format: the turn is a
+    Python list of calls with keyword arguments, ``[add(a=1, b=2), search(query="x")]``, after an
+    optional ``<|python_tag|>`` (Meta's Llama 3.2 prompt format; vLLM's ``pythonic`` parser).
+    Arguments are Python literals (``True``, ``None``, dicts, lists), read by ``ast.literal_eval``
+    and given as JSON. A turn opening like a call but not a complete list of them (cut, or
+    positional arguments) is malformed; a list whose first item is no call is an answer."""
+
+    TAG = "<|python_tag|>"
+    markers = (TAG,)
+
+    def parse(self, text: str) -> ParsedTurn:
+        import ast
+        import re
+
+        body = text.strip().removeprefix(self.TAG).strip()
+        if not re.match(r"\[\s*[A-Za-z_][\w.]*\s*\(", body):
+            if text.strip().startswith(self.TAG):
+                return ParsedTurn("malformed", content=text, error=f"{self.TAG} is followed by no call list")
+            return ParsedTurn("no_call", content=str(text))
+        try:
+            tree = ast.parse(body, mode="eval").body
+            if not isinstance(tree, ast.List) or not all(isinstance(c, ast.Call) for c in tree.elts):
+                raise ValueError(f"a list of calls, got {body[:80]!r}")
+            calls = [self._call(node) for node in tree.elts]
+        except (SyntaxError, ValueError, TypeError, MemoryError) as error:
+            why = "not a complete Python list (cut by max_new_tokens?)" if isinstance(error, SyntaxError) else error
+            return ParsedTurn("malformed", content=text, error=str(why))
+        return ParsedTurn("parsed", calls)
+
+    def _call(self, node: Any) -> ToolCall:
+        import ast
+
+        name = ast.unparse(node.func)
+        if node.args or any(keyword.arg is None for keyword in node.keywords):
+            raise ValueError(f"{name}: arguments are given by keyword")
+        arguments = {keyword.arg: _json_like(ast.literal_eval(keyword.value), name) for keyword in node.keywords}
+        return ToolCall(name, arguments)
+
+    def render(self, calls: list[ToolCall], content: str = "") -> str:
+        return "[" + ", ".join(f"{c.name}({_keywords(c.arguments)})" for c in calls) + "]"
+
+
+def _json_like(value: Any, name: str) -> Any:
+    """A Python literal as JSON has it (tuples as lists); ValueError for what JSON has not (sets, bytes)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_json_like(item, name) for item in value]
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        return {key: _json_like(item, name) for key, item in value.items()}
+    raise ValueError(f"{name}: an argument is not JSON-like: {type(value).__name__}")
+
+
+def _keywords(arguments: dict[str, Any]) -> str:
+    if not all(key.isidentifier() for key in arguments):
+        raise ValueError(f"pythonic calls name their arguments as Python keywords, got {sorted(arguments)}")
+    return ", ".join(f"{key}={_literal(value)}" for key, value in arguments.items())
+
+
+def _literal(value: Any) -> str:
+    """``value`` written as a Python literal (JSON's strings are Python's, unicode kept)."""
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_literal, value)) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_literal(key)}: {_literal(item)}" for key, item in value.items()) + "}"
+    return repr(value)  # None, True, False, numbers

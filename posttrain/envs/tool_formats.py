@@ -13,8 +13,14 @@ template loses calls without a word (the first of two parallel calls parsed, a c
 * ``llama3_json`` — Llama 3.1–3.3 JSON tool calling: the turn is the call,
   ``{"name": "add", "parameters": {"a": 1}}`` (an ``<|python_tag|>`` before it is allowed;
   parallel calls separated by ``;``);
+* ``pythonic`` — Llama 3.2 and 4: a Python list of calls, ``[add(a=1, b=2)]``;
 * ``mistral`` — ``[TOOL_CALLS][{"name": "add", "arguments": {"a": 1}, "id": "a1b2c3d4e"}]``
-  (tokenizer v3), or ``[TOOL_CALLS]add[ARGS]{"a": 1}`` per call (v11 and later).
+  (tokenizer v3, v7), or ``[TOOL_CALLS]add[CALL_ID]a1b2c3d4e[ARGS]{"a": 1}`` per call (v11);
+* ``deepseek_v3`` — ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>add``, the
+  arguments in a ```` ```json ```` block, ``<｜tool▁call▁end｜>`` per call, ``<｜tool▁calls▁end｜>``.
+
+Each family's rules and their sources are in ``tool_families.py``. A turn is read as the episode
+decodes it, the format's markers kept where they are special tokens (``turn_text.py``).
 
 ``detect_format(chat_template)`` picks one from the markers a template contains (``auto``).
 A tokenizer that ships a *response template* (transformers ≥ 5.13: ``tokenizer.response_template``,
@@ -60,7 +66,12 @@ def parse_turn(tool_format: Any, text: str) -> ParsedTurn:
     return turn
 
 
-MARKERS = [("<tool_call>", "hermes"), ("[TOOL_CALLS]", "mistral"), ("<|python_tag|>", "llama3_json")]
+MARKERS = [
+    ("<tool_call>", "hermes"),
+    ("[TOOL_CALLS]", "mistral"),
+    ("<｜tool▁calls▁begin｜>", "deepseek_v3"),
+    ("<|python_tag|>", "llama3_json"),
+]
 """What a chat template contains when it was written for each format (first match wins)."""
 
 

@@ -6,7 +6,10 @@ mistral-common ships Mistral's SentencePiece (v3, v7) and Tekken tokenizers and 
 instruct encoders; transformers reads them through ``MistralCommonBackend`` as a Mistral user's
 ``AutoTokenizer`` does. The hashes were read from the files of the wheels pip verified against
 PyPI's published sha256 (mistral_common-1.13.1-py3-none-any.whl:
-98b4d0755b8d90bf4691fa8f1b70cb3b4a8cd4dc1653c4ed08ef3d1c7d2c29af)."""
+98b4d0755b8d90bf4691fa8f1b70cb3b4a8cd4dc1653c4ed08ef3d1c7d2c29af; llama_models-0.3.0-py3-none-any.whl:
+7f77f78ff13fca09f70d76a376aff6414cd901623fb9d57e69c2f8367a73032f). Meta's ``llama-models`` ships the
+Llama 3 tokenizer (``<|python_tag|>`` among its special tokens) and the reference ``chat_format``
+encoder and decoder."""
 
 from __future__ import annotations
 
@@ -29,6 +32,10 @@ PINNED = {  # name: (package, version, file inside the package, sha256)
     "mistral-tekken": (
         "mistral_common", "1.13.1", "data/tekken_240911.json",
         "1948e2d48b0e7377f1bb5f1210f1ae5f984934e75713fc07e2452729b8365316",
+    ),
+    "llama3": (
+        "llama_models", "0.3.0", "llama3/tokenizer.model",
+        "82e9d31979e92ab929cd544440f129d9ecd797b69e327f80f17e1c50d5551b55",
     ),
 }  # fmt: skip
 MISTRAL = [name for name in PINNED if name.startswith("mistral")]
@@ -78,3 +85,29 @@ def mistral_v11_tokenizer(folder: str) -> Any:
     path = Path(folder) / "tekken_v11.json"
     path.write_text(json.dumps(table), encoding="utf-8")
     return MistralCommonBackend(tokenizer_path=str(path))
+
+
+@cache
+def llama3_tokenizer() -> Any:
+    """Meta's Llama 3 tokenizer (tiktoken, from ``llama-models``) as a transformers tokenizer:
+    converted by transformers' ``TikTokenConverter`` with Meta's special tokens at Meta's ids. The
+    conversion is checked, not trusted: Meta's own encoder and this one give the same ids on a text
+    holding ASCII, accents, an emoji, JSON and a special token."""
+    from llama_models.llama3.tokenizer import Tokenizer
+    from tokenizers import AddedToken
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    meta = Tokenizer(artifact("llama3"))
+    converted = TikTokenConverter(vocab_file=str(artifact("llama3")), pattern=meta.model._pat_str).converted()
+    specials = sorted(meta.special_tokens, key=meta.special_tokens.get)
+    converted.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in specials])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=converted, bos_token="<|begin_of_text|>", eos_token="<|eot_id|>"
+    )
+    sample = 'Hi {"name": "add", "parameters": {"a": "é 😀  x\n"}} [f(x=1)] <|python_tag|><|eom_id|>'
+    assert tokenizer.encode(sample, add_special_tokens=False) == meta.encode(
+        sample, bos=False, eos=False, allowed_special="all"
+    )
+    assert all(tokenizer.convert_tokens_to_ids(token) == i for token, i in meta.special_tokens.items())
+    return tokenizer

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from posttrain.envs.episode import Episode, EpisodeLimits
 from posttrain.envs.tool_formats import ToolCall, parse_turn, resolve_format
+from posttrain.envs.turn_text import decode_turn, kept_markers
 from tests.envs.npm_artifacts import npm_tokenizer
 from tests.envs.real_artifacts import mistral_tokenizer, mistral_v11_tokenizer
 
@@ -71,12 +72,11 @@ def qwen3_turn(tokenizer, calls: list[ToolCall], content: str) -> list[int]:
     return turn[: turn.index(tokenizer.eos_token_id) + 1]
 
 
-def read_back(tokenizer, ids: list[int], max_new_tokens: int = 4096, family: str = "mistral"):
+def read_back(tokenizer, ids: list[int], family: str = "mistral"):
     """What the tools environment reads of a sampled turn: ``Episode.add_turn``'s text, parsed."""
     tool_format = resolve_format(family)
-    limits = EpisodeLimits(max_new_tokens=max_new_tokens)
-    episode = Episode.start(tokenizer, QUESTION, limits, markers=tool_format.markers)
-    return parse_turn(tool_format, episode.add_turn(ids)), episode
+    episode = Episode.start(tokenizer, QUESTION, EpisodeLimits(max_new_tokens=4096), markers=tool_format.markers)
+    return parse_turn(tool_format, episode.add_turn(ids))
 
 
 def check_round_trip(tokenizer, calls: list[ToolCall], content: str, family: str = "mistral") -> None:
@@ -86,12 +86,13 @@ def check_round_trip(tokenizer, calls: list[ToolCall], content: str, family: str
     else:  # Qwen3 writes no ids, and an empty thinking block before the last turn's content
         ids, expected = qwen3_turn(tokenizer, calls, content), [ToolCall(c.name, c.arguments) for c in calls]
         first_call = tokenizer.convert_tokens_to_ids("<tool_call>")
-    turn, _ = read_back(tokenizer, ids, family=family)
+    turn = read_back(tokenizer, ids, family=family)
     assert turn.status == "parsed", (turn.error, calls)
     assert turn.calls == expected and turn.content.removeprefix("<think>\n\n</think>").strip() == content.strip()
-    for cut in range(1, len(ids) - 1):  # every cut before the EOS, as max_new_tokens cuts a turn
-        cut_turn, episode = read_back(tokenizer, ids[:cut], max_new_tokens=cut, family=family)
-        assert episode.cut_turns == [1]  # whatever it reads as, the episode knows the turn was cut
+    tool_format = resolve_format(family)
+    markers = kept_markers(tokenizer, tool_format.markers)
+    for cut in range(1, len(ids) - 1):  # every cut before the EOS, decoded as add_turn decodes a turn
+        cut_turn = parse_turn(tool_format, decode_turn(tokenizer, ids[:cut], markers))
         if cut_turn.status == "parsed":  # the calls completed before the cut, none invented or merged
             assert cut_turn.calls == expected[: len(cut_turn.calls)], (cut, cut_turn)
         elif cut_turn.status == "no_call":  # cut inside the content, before any call began

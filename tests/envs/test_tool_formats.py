@@ -18,7 +18,7 @@ NESTED = [ToolCall("search", {"query": 'a "quoted" word', "filters": {"years": [
 
 
 def test_every_format_is_registered():
-    assert set(FORMATS) == {"hermes", "smollm2", "llama3_json", "mistral"}
+    assert set(FORMATS) == {"hermes", "smollm2", "llama3_json", "pythonic", "mistral", "deepseek_v3"}
 
 
 @pytest.mark.parametrize("name", FORMATS)
