@@ -9,8 +9,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from posttrain.envs.episode import Episode, EpisodeLimits, encode_text
-from posttrain.envs.tool_formats import ToolCall, resolve_format
+from posttrain.envs.episode import Episode, EpisodeLimits
+from posttrain.envs.tool_formats import ToolCall, tokenizer_format
+from posttrain.envs.turn_text import encode_turn, kept_markers
 from posttrain.models.chat import chat_prompt_ids
 
 
@@ -45,17 +46,18 @@ def conversation_example(
     episode = Episode.start(tokenizer, [dict(m) for m in messages[:first]], limits, tools=tools)
     stop = sorted(episode.stop_token_ids)[:1]
     writer = _call_writer(tokenizer) if any(m.get("tool_calls") for m in messages) else None
+    markers = kept_markers(tokenizer, writer.markers if writer is not None else ())
     texts = {index: assistant_text(messages[index], writer) for index, role in enumerate(roles) if role == "assistant"}
     if max_tokens is not None:
         last = max(texts)  # the sequence is the prompt of the last turn, its text and the stop token
         before = [{"role": "assistant", "content": texts[i]} if i in texts else dict(m) for i, m in enumerate(messages)]
         prompt = chat_prompt_ids(tokenizer, before[:last], tools=tools)
-        measured = [*prompt, *encode_text(tokenizer, texts[last]), *stop]
+        measured = [*prompt, *encode_turn(tokenizer, texts[last], markers), *stop]
         if len(measured) > max_tokens:
             return measured, [0] * len(measured)
     index = first
     while index < len(messages):
-        episode.add_turn([*encode_text(tokenizer, texts[index]), *stop])
+        episode.add_turn([*encode_turn(tokenizer, texts[index], markers), *stop])
         following = index + 1
         while following < len(messages) and roles[following] != "assistant":
             following += 1
@@ -81,11 +83,12 @@ def assistant_text(message: Mapping[str, Any], writer: Any = None) -> str:
     for call in calls:
         function = call["function"]
         arguments = function.get("arguments") or {}
-        parsed.append(ToolCall(function["name"], json.loads(arguments) if isinstance(arguments, str) else arguments))
+        arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+        call_id = call.get("id")  # Mistral writes it in the call; other families leave it out
+        parsed.append(ToolCall(function["name"], arguments, call_id if isinstance(call_id, str) else None))
     return writer.render(parsed, content)
 
 
 def _call_writer(tokenizer: Any) -> Any:
     """The tool-call format the tokenizer's chat template is written for (or its response template)."""
-    templates = getattr(tokenizer, "chat_template", None), getattr(tokenizer, "response_template", None)
-    return resolve_format("auto", *templates)
+    return tokenizer_format("auto", tokenizer)

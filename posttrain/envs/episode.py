@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from posttrain.envs.base import Observation
-from posttrain.envs.turn_text import decode_turn, kept_markers
+from posttrain.envs.turn_text import decode_turn, encode_turn, kept_markers
 from posttrain.errors import PosttrainError
 from posttrain.models.chat import ChatTemplateError, chat_prompt_ids
 
@@ -411,7 +411,7 @@ def replay_actions(
     for action in actions:
         if episode.finished:
             raise ValueError(f"the episode ended ({episode.stop_reason}) before action {action!r}")
-        episode.add_turn([*encode_text(tokenizer, action), tokenizer.eos_token_id])
+        episode.add_turn([*encode_turn(tokenizer, action, episode.markers), tokenizer.eos_token_id])
         if episode.finished:
             break
         result = guarded.step(episode.texts[-1])

@@ -36,8 +36,7 @@ from typing import Any
 from posttrain.envs.base import EnvSpecError, Observation, in_daemon_thread, register_environment
 from posttrain.envs.python_tool import ToolSandboxError
 from posttrain.envs.sync_tool_calls import SYNC_CALLS_AT_ONCE, ToolExited, released_after, try_to_start_sync_call
-from posttrain.envs.tool_formats import MARKERS, ParsedTurn, ToolCall, parse_turn, resolve_format
-from posttrain.envs.turn_text import kept_markers
+from posttrain.envs.tool_formats import ParsedTurn, ToolCall, parse_turn, resolve_format, tokenizer_format
 from posttrain.user_code import import_named
 
 TOOLS_OFF_REPLY = "error: the tools are off in this conversation; answer without them"
@@ -164,11 +163,7 @@ class ToolsEnvironment:
     def use_tokenizer(self, tokenizer: Any) -> None:
         """The policy's tokenizer, before ``reset``: ``format: auto`` reads its chat template."""
         if self.format is None:
-            templates = getattr(tokenizer, "chat_template", None), getattr(tokenizer, "response_template", None)
-            if self.format_name == "auto" and not any(templates):  # mistral-common's: no Jinja template,
-                # so the format whose marker is one of its special tokens (detect_format reads it)
-                templates = (next((m for m, _ in MARKERS if kept_markers(tokenizer, [m])), None), None)
-            self.format = resolve_format(self.format_name, *templates)
+            self.format = tokenizer_format(self.format_name, tokenizer)
 
     @property
     def turn_markers(self) -> tuple[str, ...]:

@@ -199,7 +199,7 @@ class Mistral:
 
     def render(self, calls: list[ToolCall], content: str = "") -> str:
         items = [{"name": c.name, "arguments": c.arguments, **({"id": c.id} if c.id else {})} for c in calls]
-        return content + self.MARK + json.dumps(items)
+        return content + self.MARK + json.dumps(items, ensure_ascii=False)  # as mistral-common writes it
 
 
 @TOOL_FORMATS.register("deepseek_v3")

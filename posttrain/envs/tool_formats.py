@@ -47,6 +47,7 @@ __all__ = [
     "detect_format",
     "parse_turn",
     "resolve_format",
+    "tokenizer_format",
 ]
 
 
@@ -145,3 +146,15 @@ def resolve_format(name: str, chat_template: str | None = None, response_templat
             f"env.options.format: {TOOL_FORMATS.unknown_message(name)} (or a .json response template)"
         )
     return TOOL_FORMATS[name]()
+
+
+def tokenizer_format(name: str, tokenizer: Any) -> Any:
+    """:func:`resolve_format` for the policy's tokenizer: its chat template and response template,
+    or for one with neither (mistral-common's renders with its own encoder) the format whose
+    marker is one of its special tokens."""
+    from posttrain.envs.turn_text import kept_markers
+
+    templates = getattr(tokenizer, "chat_template", None), getattr(tokenizer, "response_template", None)
+    if name == "auto" and not any(templates):
+        templates = (next((marker for marker, _ in MARKERS if kept_markers(tokenizer, [marker])), None), None)
+    return resolve_format(name, *templates)

@@ -72,3 +72,27 @@ def first_marker(text: str, marker: str, start: int = 0) -> int:
     if sampled is None:
         return text.find(marker, start)
     return next((i for i in sampled if i >= start and text.startswith(marker, i)), -1)
+
+
+def encode_turn(tokenizer: Any, text: str, markers: Mapping[int, str]) -> list[int]:
+    """The ids of a turn the model writes as ``text`` (the inverse of :func:`decode_turn`): each
+    of the ``markers`` (by id) where it occurs, the text between encoded as a turn's text is. A
+    transformers tokenizer finds its special tokens in text itself; mistral-common's encodes their
+    names as plain text, so a recorded Mistral call would train ``[``, ``TOOL``, ... instead of
+    its ``[TOOL_CALLS]`` token."""
+    by_name = {name: token for token, name in markers.items()}
+    ids: list[int] = []
+    position = 0
+    while True:
+        found = [(text.find(name, position), name) for name in by_name]
+        found = [(start, name) for start, name in found if start >= 0]
+        if not found:
+            break
+        start, name = min(found)
+        ids += [*_encode(tokenizer, text[position:start]), by_name[name]]
+        position = start + len(name)
+    return ids + _encode(tokenizer, text[position:])
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []

@@ -94,3 +94,25 @@ def _call():
 
 def _result():
     return {"role": "tool", "content": "5", "tool_call_id": "a1b2c3d4e", "name": "add"}
+
+
+@pytest.mark.parametrize("name", ["mistral-v3", "mistral-v7"])
+def test_sft_on_a_recorded_mistral_call_trains_the_tokens_its_encoder_writes(name):
+    """A recorded conversation in OpenAI's form: the call turn is trained as mistral-common's
+    encoder writes it, ``[TOOL_CALLS]`` as its control token (mistral-common encodes the name as
+    plain text, so it trained ``[``, ``TOOL``, ... before), the result and answer as context/trained."""
+    from posttrain.envs.conversation import conversation_example
+
+    tokenizer = mistral_tokenizer(name)
+    tools = resolve_environment("tools", {"tools": [f"{HERE}:add"]})().chat_tools
+    conversation = [*QUESTION, {"role": "assistant", "content": None, "tool_calls": [_call()]}, _result()]
+    conversation.append({"role": "assistant", "content": "It is 5."})
+    ids, mask = conversation_example(tokenizer, conversation, tools=tools)
+    call = sampled_call(tokenizer, tools)
+    prompt = list(tokenizer.apply_chat_template(QUESTION, tools=tools, tokenize=True, return_dict=False))
+    end = len(prompt) + len(call)
+    assert ids[:end] == [*prompt, *call] and mask[len(prompt) : end] == [1] * len(call)
+    reference = list(tokenizer.apply_chat_template(conversation[:3], tools=tools, tokenize=True, return_dict=False))
+    assert ids[: len(reference)] == reference  # the tool result as the encoder writes it
+    answer = [*tokenizer.encode("It is 5.", add_special_tokens=False), tokenizer.eos_token_id]
+    assert ids[-len(answer) :] == answer and mask[-len(answer) :] == [1] * len(answer)
