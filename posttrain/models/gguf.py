@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from posttrain.errors import MissingExtraError
 from posttrain.models.loading import ModelLoadError
@@ -44,6 +51,15 @@ def _gguf_file(path: str | Path) -> Path:
         raise ModelLoadError(f"GGUF file {str(path)!r} does not exist")
     require_gguf()
     return file
+
+
+def gguf_config(path: str | Path) -> PretrainedConfig:
+    """The model's config as transformers reads it from a GGUF file's metadata (no weights)."""
+    file = _gguf_file(path)
+    try:
+        return AutoConfig.from_pretrained(file.parent, gguf_file=file.name, local_files_only=True)
+    except (ValueError, KeyError, OSError) as error:
+        raise ModelLoadError(f"{file} is not a GGUF model transformers can read: {error}") from None
 
 
 def load_gguf_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:

@@ -91,7 +91,12 @@ def check_model_folder(path: str | Path) -> Path:
 
 
 def read_config(path: str | Path, *, trust_remote_code: bool = False) -> PretrainedConfig:
-    """The folder's config, or an error naming the model_type transformers does not know."""
+    """The folder's config (or a GGUF file's, from its metadata), or an error naming the
+    model_type transformers does not know."""
+    from posttrain.models.gguf import gguf_config, is_gguf_path
+
+    if is_gguf_path(path):  # docs/real-models.md: a .gguf works wherever a folder does
+        return gguf_config(path)
     folder = check_model_folder(path)
     try:
         raw = json.loads((folder / "config.json").read_text())

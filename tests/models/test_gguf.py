@@ -125,3 +125,26 @@ def test_the_real_smollm2_gguf_imports_and_the_native_engine_serves_it(tmp_path)
         full = torch.log_softmax(model(ids).logits[:, len(prompt) - 1 : -1].float(), -1)
     taken = full.gather(-1, rollouts.response_ids.unsqueeze(-1)).squeeze(-1)
     assert float(((taken - rollouts.logprobs).abs() * rollouts.response_mask).max()) < 1e-4
+
+
+def test_a_gguf_path_works_where_a_folder_does_the_check_and_the_memory_plan(tiny, tmp_path, capsys):
+    """A newcomer's first hour, item 2: model.path=<file>.gguf (docs/real-models.md) was refused before
+    the model loaded: "is a file; give the folder that holds config.json"."""
+    from posttrain.models.loading import read_config
+
+    model, _, folder = tiny
+    config = read_config(folder / "tiny-q8.gguf")
+    assert (config.hidden_size, config.num_hidden_layers) == (model.config.hidden_size, model.config.num_hidden_layers)
+    args = ["rl", "data.task=reverse", f"model.path={folder / 'tiny-q8.gguf'}", f"output_dir={tmp_path / 'run'}"]
+    assert main([*args, "--plan"]) == 0
+    assert "is a file" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", [None, b"", b"GGUF" + b"\xff" * 64, b"not a gguf at all"])
+def test_a_gguf_path_that_is_missing_or_not_gguf_is_one_message(tmp_path, capsys, content):
+    path = tmp_path / "model.gguf"
+    if content is not None:
+        path.write_bytes(content)
+    assert main(["rl", "data.task=reverse", f"model.path={path}", f"output_dir={tmp_path / 'run'}", "--plan"]) == 2
+    err = capsys.readouterr().err
+    assert "model.path" in err and "model.gguf" in err and "Traceback" not in err, err
