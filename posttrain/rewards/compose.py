@@ -322,7 +322,7 @@ class RewardSet:
                 call = functools.partial(reward.fn, **kwargs)
                 job = asyncio.wrap_future(call_in_thread(call, f"reward-{reward.name}"))
         except Exception as error:  # an async function that raises before its first await
-            raise _raised(reward.name, error) from error
+            raise _raised(reward.name, error, kwargs) from error
         # asyncio.wait, not wait_for: a TimeoutError the function raises itself is its error, not ours
         done, _ = await asyncio.wait({job}, timeout=timeout)
         if not done:
@@ -336,7 +336,7 @@ class RewardSet:
             )
             return _Outcome([math.nan] * size, time.perf_counter() - start, timeouts=size, failed=[True] * size)
         if job.exception() is not None:
-            raise _raised(reward.name, job.exception()) from job.exception()
+            raise _raised(reward.name, job.exception(), kwargs) from job.exception()
         output = job.result()
         column, nans, turns = check_output(reward.name, output, size, per_turn=per_turn)
         return _Outcome(column, time.perf_counter() - start, _metrics_of(output), nans=nans, turns=turns)
@@ -357,7 +357,7 @@ class RewardSet:
         outcomes = {}
         for reward in rewards:
             mine = [(part, result) for (name, part), result in zip(parts, results, strict=True) if name == reward.name]
-            outcomes[reward.name] = _combine_chunks(reward.name, mine, start, per_turn)
+            outcomes[reward.name] = _combine_chunks(reward.name, mine, start, per_turn, kwargs)
         return outcomes
 
     def _chunks(self, reward: NamedReward, size: int) -> int:
@@ -394,7 +394,9 @@ class _Outcome:
     turns: dict[int, list[float]] = field(default_factory=dict)  # batch index → per-turn values (episodes)
 
 
-def _combine_chunks(name: str, chunks: list[tuple[slice, TaskResult]], start: float, per_turn: bool) -> _Outcome:
+def _combine_chunks(
+    name: str, chunks: list[tuple[slice, TaskResult]], start: float, per_turn: bool, kwargs: Mapping[str, Any]
+) -> _Outcome:
     """The chunks' values in batch order; a chunk's extra metrics are averaged over the chunks,
     weighted by their sizes. A chunk that raised raises here, naming the function."""
     values: list[float] = []
@@ -417,7 +419,8 @@ def _combine_chunks(name: str, chunks: list[tuple[slice, TaskResult]], start: fl
                 counts[key] = counts.get(key, 0) + n
             continue
         if result.status == "error":
-            raise RewardFunctionError(f"reward function {name!r} {result.error}")
+            shown = inputs_shown(slice_kwargs(kwargs, part))
+            raise RewardFunctionError(f"reward function {name!r} {result.error}\n{shown}")
         log.warning("reward %r: %d samples get None: %s", name, n, result.error)
         values += [math.nan] * n
         timeouts += n if result.status == "timeout" else 0
@@ -427,8 +430,25 @@ def _combine_chunks(name: str, chunks: list[tuple[slice, TaskResult]], start: fl
     return _Outcome(values, seconds, metrics, timeouts, crashes, failed, nans, turns)
 
 
-def _raised(name: str, error: BaseException) -> RewardFunctionError:
-    return RewardFunctionError(f"reward function {name!r} raised {type(error).__name__}: {error}")
+def _raised(name: str, error: BaseException, kwargs: Mapping[str, Any]) -> RewardFunctionError:
+    return RewardFunctionError(
+        f"reward function {name!r} raised {type(error).__name__}: {error}\n{inputs_shown(kwargs)}"
+    )
+
+
+def inputs_shown(kwargs: Mapping[str, Any], examples: int = 2, width: int = 100) -> str:
+    """What the function was given for its first ``examples`` samples: each keyword (the prompt,
+    the completion, the row's columns) on a line of its own, cut to ``width`` characters."""
+    size = len(kwargs.get("completions") or [])
+    lines = []
+    for index in range(min(examples, size)):
+        lines.append(f"  its inputs for sample {index}:")
+        for key, values in kwargs.items():
+            if key == "completion_ids" or not isinstance(values, Sequence) or isinstance(values, str):
+                continue
+            shown = repr(values[index]) if index < len(values) else "(missing)"
+            lines.append(f"    {key} = {shown if len(shown) <= width else shown[: width - 3] + '...'}")
+    return "\n".join(lines)
 
 
 def _metrics_of(output: Any) -> dict[str, float]:

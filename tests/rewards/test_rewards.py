@@ -285,3 +285,24 @@ def test_timeouts_count_against_max_failed_fraction_and_mask_their_samples():
     )
     result = tolerant.score(["p", "q"], ["a", "b"], [[1], [2]])
     assert result.scores.isnan().all()  # a timed-out reward never leaves a sum of the others
+
+
+def raises_on_its_columns(prompts, completions, answer, **columns):
+    """A worker imports it by name: fails as a user's function does on a column it misreads."""
+    return [float(int(a) == len(c)) for a, c in zip(answer, completions, strict=True)]
+
+
+@pytest.mark.parametrize("workers", [0, 2], ids=["in process", "in a worker"])
+def test_a_reward_that_raises_shows_examples_of_its_inputs(workers):
+    """A newcomer's first hour, item 5: docs/training.md says a reward that raises reports examples
+    of its inputs; it named only the error. Each keyword on a line, cut to one."""
+    entry = {"name": "tests.rewards.test_rewards:raises_on_its_columns", "chunks": 1}
+    rewards = RewardSet([resolve_reward(entry)], workers=workers)
+    columns = {"answer": ["five", "6"], "notes": ["x" * 500, "short"]}
+    with rewards, pytest.raises(RewardFunctionError) as error:
+        rewards.score(["What is 2 + 3?", "And 3 + 3?"], ["5", "6"], [[1], [2]], columns)
+    message = str(error.value)
+    assert "'raises_on_its_columns' raised ValueError" in message and "its inputs for sample 0:" in message
+    assert "    prompts = 'What is 2 + 3?'" in message and "    completions = '5'" in message
+    assert "    answer = 'five'" in message and "completion_ids" not in message
+    assert max(len(line) for line in message.splitlines() if line.startswith("    notes = ")) == 12 + 100
