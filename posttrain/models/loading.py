@@ -62,6 +62,11 @@ def existing_folder(path: str | Path, what: str = "model") -> Path:
     if folder.exists():
         raise ModelLoadError(f"{what} path {str(path)!r} is a file; give the folder that holds config.json")
     message = f"{what} path {str(path)!r} does not exist (looked for {folder.resolve()})"
+    if "runs" in folder.parts:  # a run's output, as the docs' commands chain them
+        message += (
+            ": it is what an earlier run writes, and that run has not run here (runs/demo/ is written by "
+            "`make demo`; runs/NAME/final by a run with output_dir=runs/NAME)"
+        )
     repo_id = hub_repo_id(str(path))
     if repo_id is not None:
         snapshot, reason = hub_snapshot(str(path))

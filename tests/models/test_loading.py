@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +13,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from posttrain.models.loading import ModelLoadError, ensure_pad_token, load_causal_lm, load_tokenizer
 from posttrain.models.tiny import build_tiny_causal_lm
 from posttrain.models.tokenizers import build_char_tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -119,3 +122,15 @@ def test_folder_without_tokenizer_files(tmp_path, saved):
     (tmp_path / "config.json").write_text((folder / "config.json").read_text())
     with pytest.raises(ModelLoadError, match=r"holds no tokenizer .*found: config\.json"):
         load_tokenizer(tmp_path)
+
+
+def test_a_run_output_that_is_not_there_says_which_run_writes_it(tmp_path, monkeypatch, capsys):
+    """A newcomer's first hour, item 8: docs/training.md's RL commands start from runs/demo/sft/final,
+    which only `make demo` writes; on a fresh clone the message said only that it does not exist."""
+    from posttrain.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    args = ["rl", "--config", str(ROOT / "configs" / "reverse_grpo.yaml"), "model.path=runs/demo/sft/final"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "model.path" in err and "make demo" in err and "Traceback" not in err, err
