@@ -71,10 +71,12 @@ def _train(args: argparse.Namespace) -> int:
     args.output_dir = config.output_dir  # named by the Ctrl-C message
     from posttrain.run.run_header import run_header
     from posttrain.telemetry.headline import closing_lines
+    from posttrain.train.rl_config import header_notes
 
     main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun, one header and one ending
     if main_rank:
-        print("\n".join(run_header(args.command, config)), flush=True)
+        notes = header_notes(args.command, args.config, args.overrides)
+        print("\n".join(run_header(args.command, config, notes)), flush=True)
     from posttrain.plan.announce import announce_plan
 
     # every rank sizes its micro-batches alike; rank 0 prints the plan; a run that cannot fit stops here

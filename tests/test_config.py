@@ -218,3 +218,17 @@ def test_an_empty_mapping_clears_what_a_preset_set():
     # a non-empty mapping still merges key by key
     merged = load_rl_config(None, [*base, "algorithm.loss_options={clip_high: 0.28}"]).algorithm.loss_options
     assert merged == {"clip_low": 0.2, "clip_high": 0.28}
+
+
+def test_a_preset_on_the_command_line_says_it_replaces_the_files_algorithm_section(tmp_path, capsys):
+    """A newcomer's first hour, item 9: `algorithm=rloo` drops the file's whole algorithm section
+    (its KL settings with it) without a word."""
+    from posttrain.cli import main
+
+    config = tmp_path / "run.yaml"
+    config.write_text("algorithm:\n  preset: grpo\n  kl:\n    coef: 0.05\n    placement: loss\nsteps: 2\n")
+    base = ["rl", "--config", str(config), "model.tiny.layers=1", "data.task=reverse", f"output_dir={tmp_path / 'r'}"]
+    assert main([*base, "algorithm=rloo", "--plan"]) == 0
+    assert f"note    algorithm: preset rloo replaces {config}'s algorithm section" in capsys.readouterr().out
+    assert main([*base, "algorithm.kl.coef=0.1", "--plan"]) == 0  # an override of a key replaces nothing
+    assert "replaces" not in capsys.readouterr().out

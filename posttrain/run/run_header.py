@@ -5,6 +5,7 @@ loads, so a wrong guess ("this was meant for the GPU") is seen in the first seco
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -12,8 +13,9 @@ import torch
 from posttrain.devices import resolve_device
 
 
-def run_header(command: str, config: Any) -> list[str]:
-    """The header of ``posttrain COMMAND`` for its resolved ``config`` (RLRun, SFTRun, ...)."""
+def run_header(command: str, config: Any, notes: Sequence[str] = ()) -> list[str]:
+    """The header of ``posttrain COMMAND`` for its resolved ``config`` (RLRun, SFTRun, ...), and
+    ``notes`` on how it was resolved (a preset replacing the file's algorithm section)."""
     what = f"posttrain {command}"
     if command == "rl":
         algorithm = config.algorithm
@@ -28,7 +30,7 @@ def run_header(command: str, config: Any) -> list[str]:
         f"  device  {describe_device(config)}",
         f"  output  {config.output_dir}",
     ]
-    return lines
+    return lines + [f"  note    {note}" for note in notes]
 
 
 def describe_model(model: Any) -> str:

@@ -314,3 +314,26 @@ def load_rl_config(path: str | Path | None = None, overrides: list[str] | tuple[
     for _, layer in rl_config_layers(path, overrides):
         merged = deep_merge(merged, layer)
     return validate_config(RLRun, merged, source=str(path) if path else "the command line")
+
+
+def header_notes(command: str, path: str | Path | None, overrides: list[str] | tuple[str, ...]) -> list[str]:
+    """What the run header notes of how ``posttrain COMMAND`` resolved its config: for ``rl``, a
+    preset named on the command line replacing the file's algorithm section."""
+    note = replaced_algorithm_section(path, overrides) if command == "rl" else None
+    return [note] if note else []
+
+
+def replaced_algorithm_section(path: str | Path | None, overrides: list[str] | tuple[str, ...]) -> str | None:
+    """The header's note when a preset named on the command line replaces the config file's whole
+    ``algorithm:`` section (its KL settings and loss options go with it, :func:`rl_config_layers`),
+    or None when nothing is replaced."""
+    preset = next((item.partition("=")[2] for item in overrides if item.strip().startswith("algorithm=")), None)
+    preset = preset or next(
+        (item.partition("=")[2] for item in overrides if item.strip().startswith("algorithm.preset=")), None
+    )
+    if path is None or not preset:
+        return None
+    section = read_yaml(path).get("algorithm")
+    if not section:
+        return None
+    return f"algorithm: preset {preset} replaces {path}'s algorithm section (algorithm.* overrides keep parts of it)"
