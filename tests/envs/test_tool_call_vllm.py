@@ -28,7 +28,20 @@ FAMILIES = {  # posttrain's format: (vLLM's parser class, the published tokenize
     "hermes": ("vllm.tool_parsers.hermes_tool_parser:Hermes2ProToolParser", "qwen3"),
     "pythonic": ("vllm.tool_parsers.pythonic_tool_parser:PythonicToolParser", "qwen3"),
     "deepseek_v3": ("vllm.tool_parsers.deepseekv3_tool_parser:DeepSeekV3ToolParser", "deepseek-v3"),
+    "llama3_json": ("vllm.tool_parsers.llama_tool_parser:Llama3JsonToolParser", "qwen3+python_tag"),
 }
+
+
+def tokenizer_named(name: str):
+    """The published tokenizer; for vLLM's Llama parser, which only looks up ``<|python_tag|>``'s id
+    and reads the text, Qwen3's with that token added (Meta's tokenizer is not in .venv-vllm)."""
+    if name != "qwen3+python_tag":
+        return npm_tokenizer(name)
+    import copy
+
+    tokenizer = copy.deepcopy(npm_tokenizer("qwen3"))
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|python_tag|>"]})
+    return tokenizer
 
 
 def vllm_reads(family: str, text: str) -> tuple[list[tuple[str, dict]], str | None]:
@@ -38,7 +51,7 @@ def vllm_reads(family: str, text: str) -> tuple[list[tuple[str, dict]], str | No
 
     path, tokenizer = FAMILIES[family]
     module, _, name = path.partition(":")
-    parser = getattr(importlib.import_module(module), name)(npm_tokenizer(tokenizer))
+    parser = getattr(importlib.import_module(module), name)(tokenizer_named(tokenizer))
     request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}])
     found = parser.extract_tool_calls(text, request)
     calls = [(c.function.name, json.loads(c.function.arguments)) for c in found.tool_calls]
