@@ -5,6 +5,7 @@ text, each rule stated with its published source (``tool_formats.py`` has the ov
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from posttrain.envs.tool_calls import TOOL_FORMATS, ParsedTurn, ToolCall, call_from, json_at
@@ -145,14 +146,7 @@ class Mistral:
 
     def parse(self, text: str) -> ParsedTurn:
         first = first_marker(text, self.MARK)  # a marker quoted as text in the content is text
-        if first < 0:
-            return ParsedTurn("no_call", content=str(text))
-        content, rest = text[:first], text[first + len(self.MARK) :]
-        try:
-            calls = self._calls(rest)
-        except ValueError as error:
-            return ParsedTurn("malformed", content=text, error=str(error))
-        return ParsedTurn("parsed", calls, content.strip())
+        return _content_then_calls(text, first, text[first + len(self.MARK) :], self._calls)
 
     def _calls(self, rest: str) -> list[ToolCall]:
         """The calls after the first ``[TOOL_CALLS]`` (``rest``), each list or call in turn."""
@@ -218,14 +212,8 @@ class DeepSeekV3:
 
     def parse(self, text: str) -> ParsedTurn:
         starts = [i for i in (first_marker(text, self.CALLS_BEGIN), first_marker(text, self.CALL_BEGIN)) if i >= 0]
-        if not starts:
-            return ParsedTurn("no_call", content=str(text))
-        content, rest = text[: min(starts)], text[min(starts) :].removeprefix(self.CALLS_BEGIN)
-        try:
-            calls = self._calls(rest)
-        except ValueError as error:
-            return ParsedTurn("malformed", content=text, error=str(error))
-        return ParsedTurn("parsed", calls, content.strip())
+        first = min(starts, default=-1)
+        return _content_then_calls(text, first, text[first:].removeprefix(self.CALLS_BEGIN), self._calls)
 
     def _calls(self, rest: str) -> list[ToolCall]:
         calls: list[ToolCall] = []
@@ -302,6 +290,19 @@ class Pythonic:
 
     def render(self, calls: list[ToolCall], content: str = "") -> str:
         return "[" + ", ".join(f"{c.name}({_keywords(c.arguments)})" for c in calls) + "]"
+
+
+def _content_then_calls(text: str, first: int, rest: str, read: Callable[[str], list[ToolCall]]) -> ParsedTurn:
+    """A turn whose content runs up to its first call marker at ``first`` (-1: none, the turn is
+    the answer) and whose calls ``read(rest)`` finds after it; malformed, saying why, where
+    ``read`` raises."""
+    if first < 0:
+        return ParsedTurn("no_call", content=str(text))
+    try:
+        calls = read(rest)
+    except ValueError as error:
+        return ParsedTurn("malformed", content=text, error=str(error))
+    return ParsedTurn("parsed", calls, text[:first].strip())
 
 
 def _json_like(value: Any, name: str) -> Any:
